@@ -1,0 +1,83 @@
+//! `ApiError`: every failure of the REST API, mapped to the contract's status
+//! codes and `{"error": {"code", "message"}}` body. A 5xx tells the client
+//! nothing internal; the full error goes to the log.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use sless_store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Invalid input; the message names the field.
+    #[error("{0}")]
+    BadRequest(String),
+    /// No or bad credentials.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// Not found, or not visible to the caller.
+    #[error("{0}")]
+    NotFound(String),
+    /// Already exists, or the object is in a conflicting state.
+    #[error("{0}")]
+    Conflict(String),
+    /// The body is over a configured limit.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The body's content type is not one this endpoint takes.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// A dependency (store, object store) is unavailable.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Anything else: logged in full, answered as a bare 500.
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn bad(message: impl Into<String>) -> Self {
+        ApiError::BadRequest(message.into())
+    }
+    pub fn not_found(kind: &str, name: &str) -> Self {
+        ApiError::NotFound(format!("{kind} {name:?} not found"))
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound { kind, name } => ApiError::not_found(kind, &name),
+            StoreError::Conflict { kind, name } => ApiError::Conflict(format!("{kind} {name:?} already exists")),
+            StoreError::NotEmpty(ns) => ApiError::Conflict(format!(
+                "namespace {ns:?} still has functions: delete them first or use ?force=true"
+            )),
+            StoreError::Invalid(v) => ApiError::BadRequest(v.to_string()),
+            other => ApiError::Internal(other.into()),
+        }
+    }
+}
+
+impl From<sless_core::ValidationError> for ApiError {
+    fn from(e: sless_core::ValidationError) -> Self {
+        ApiError::BadRequest(e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = match &self {
+            ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "invalid"),
+            ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            ApiError::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::Internal(e) => {
+                tracing::error!(error = ?e, "internal error");
+                return sless_gateway::error_response(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error");
+            }
+        };
+        sless_gateway::error_response(status, code, &self.to_string())
+    }
+}

@@ -1,0 +1,332 @@
+//! Functions: create, read, patch, delete, code uploads, source, logs and the
+//! authenticated invoke.
+
+use std::convert::Infallible;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sless_core::{FunctionSpec, FunctionStatus, Phase};
+use sless_executor::{InvokeError, InvokeRequest};
+use sless_store::{FunctionChange, FunctionRecord};
+
+use crate::{ApiError, AppState, Caller, JsonBody, read_limited};
+
+fn time(t: chrono::DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The wire shape of a function, with live instance counts and crash reports.
+fn function_json(s: &AppState, r: &FunctionRecord) -> Value {
+    let mut status: FunctionStatus = r.status.clone();
+    status.revision = status.revision.max(r.revision);
+    status.instances = s.executor.counts(&r.namespace, &r.name);
+    status.url = s.controller.url(&r.namespace, &r.name);
+    if status.phase == Phase::Ready {
+        if let Some(problem) = s.executor.last_error(&r.namespace, &r.name) {
+            status.message = problem;
+        }
+    }
+    json!({
+        "name": r.name,
+        "namespace": r.namespace,
+        "spec": r.spec,
+        "status": {
+            "phase": status.phase,
+            "message": status.message,
+            "revision": status.revision,
+            "code_sha256": status.code_sha256.or_else(|| r.code_sha256.clone()),
+            "url": status.url,
+            "instances": status.instances,
+            "last_built_at": status.last_built_at.map(time),
+        },
+        "created_at": time(r.created_at),
+        "updated_at": time(r.updated_at),
+    })
+}
+
+pub async fn list(State(s): State<AppState>, caller: Caller, Path(ns): Path<String>) -> Result<Json<Value>, ApiError> {
+    caller.check(&ns)?;
+    s.store.get_namespace(&ns).await?;
+    let items: Vec<Value> = s.store.list_functions(Some(&ns)).await?.iter().map(|r| function_json(&s, r)).collect();
+    Ok(Json(json!({"items": items})))
+}
+
+pub async fn create(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(ns): Path<String>,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ApiError> {
+    caller.check(&ns)?;
+    let Value::Object(mut fields) = body else { return Err(ApiError::bad("body: must be a JSON object")) };
+    let name = match fields.remove("name") {
+        Some(Value::String(name)) => name,
+        Some(_) => return Err(ApiError::bad("name: must be a string")),
+        None => return Err(ApiError::bad("name: required")),
+    };
+    sless_core::validate_name("name", &name)?;
+    if !fields.contains_key("runtime") {
+        return Err(ApiError::bad("runtime: required (python3, nodejs, go or custom)"));
+    }
+    let mut spec: FunctionSpec = serde_json::from_value(Value::Object(fields)).map_err(|e| ApiError::bad(spec_error(e)))?;
+    let runtime = spec.validate()?;
+    if matches!(runtime.family, sless_core::RuntimeFamily::Go | sless_core::RuntimeFamily::Custom) {
+        return Err(ApiError::bad(format!(
+            "runtime: {:?} is not supported by this server yet (python3 and nodejs are)",
+            spec.runtime
+        )));
+    }
+    s.store.get_namespace(&ns).await?;
+    let now = Utc::now();
+    let record = FunctionRecord {
+        namespace: ns.clone(),
+        name: name.clone(),
+        spec,
+        status: FunctionStatus {
+            phase: Phase::Pending,
+            message: "waiting for code: upload a zip archive to .../code".into(),
+            revision: 1,
+            ..Default::default()
+        },
+        revision: 1,
+        code_sha256: None,
+        created_at: now,
+        updated_at: now,
+    };
+    s.store.create_function(&record).await?;
+    Ok((StatusCode::CREATED, Json(function_json(&s, &record))).into_response())
+}
+
+/// serde's messages already name the field (`unknown field `x``, `invalid type: ... for memory_mb`).
+fn spec_error(e: serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.split_once(" at line") {
+        Some((head, _)) => head.to_string(),
+        None => text,
+    }
+}
+
+pub async fn get(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    caller.check(&ns)?;
+    Ok(Json(function_json(&s, &s.store.get_function(&ns, &name).await?)))
+}
+
+pub async fn patch(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    caller.check(&ns)?;
+    if let Some(runtime) = body.get("runtime").and_then(Value::as_str) {
+        let family = sless_core::Runtime::parse(runtime)?.family;
+        if matches!(family, sless_core::RuntimeFamily::Go | sless_core::RuntimeFamily::Custom) {
+            return Err(ApiError::bad(format!("runtime: {runtime:?} is not supported by this server yet (python3 and nodejs are)")));
+        }
+    }
+    let before = s.store.get_function(&ns, &name).await?;
+    let record = s.store.update_function(&ns, &name, FunctionChange::Patch(body)).await?;
+    if record.revision != before.revision {
+        s.controller.enqueue(&ns, &name);
+    }
+    Ok(Json(function_json(&s, &record)))
+}
+
+pub async fn delete(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    caller.check(&ns)?;
+    s.store.delete_function(&ns, &name).await?;
+    s.controller.forget(&ns, &name);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn upload_code(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    caller.check(&ns)?;
+    s.store.get_function(&ns, &name).await?;
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let limit = s.archive_limits.max_compressed as usize;
+    let archive = if content_type.starts_with("multipart/form-data") {
+        // Allow the multipart framing around a maximum-size archive.
+        let req = req.map(|b| Body::new(http_body_util::Limited::new(b, limit + 64 * 1024)));
+        let mut multipart = axum::extract::Multipart::from_request(req, &())
+            .await
+            .map_err(|e| ApiError::bad(format!("not a valid multipart body: {e}")))?;
+        let mut found = None;
+        loop {
+            match multipart.next_field().await {
+                Ok(Some(field)) if field.name() == Some("code") => {
+                    let bytes = field.bytes().await.map_err(|e| {
+                        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                            ApiError::TooLarge(format!("archive is larger than the limit of {limit} bytes"))
+                        } else {
+                            ApiError::bad(format!("could not read field code: {e}"))
+                        }
+                    })?;
+                    found = Some(bytes);
+                    break;
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) => break,
+                Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                    return Err(ApiError::TooLarge(format!("archive is larger than the limit of {limit} bytes")));
+                }
+                Err(e) => return Err(ApiError::bad(format!("not a valid multipart body: {e}"))),
+            }
+        }
+        found.ok_or_else(|| ApiError::bad("code: multipart field 'code' with the zip archive is required"))?
+    } else if content_type.starts_with("application/zip") || content_type.starts_with("application/x-zip-compressed") {
+        read_limited(req, &(), limit).await?
+    } else {
+        return Err(ApiError::UnsupportedMediaType(format!(
+            "expected Content-Type: application/zip (or multipart/form-data with field 'code'), got {:?}",
+            if content_type.is_empty() { "nothing" } else { &content_type }
+        )));
+    };
+    if archive.len() > limit {
+        return Err(ApiError::TooLarge(format!("archive is larger than the limit of {limit} bytes")));
+    }
+    let limits = s.archive_limits.clone();
+    let inspected = {
+        let archive = archive.clone();
+        tokio::task::spawn_blocking(move || sless_blob::inspect_zip(&archive, &limits))
+            .await
+            .map_err(|e| ApiError::Internal(e.into()))?
+    };
+    if let Err(e) = inspected {
+        return Err(match e {
+            sless_blob::ArchiveError::TooLarge(m) => ApiError::TooLarge(m),
+            other => ApiError::bad(format!("code: {other}")),
+        });
+    }
+    let sha = s.blobs.put(archive).await.map_err(|e| ApiError::Internal(e.into()))?;
+    let record = s.store.update_function(&ns, &name, FunctionChange::Code(sha.clone())).await?;
+    s.controller.enqueue(&ns, &name);
+    Ok((StatusCode::ACCEPTED, Json(json!({"revision": record.revision, "code_sha256": sha}))).into_response())
+}
+
+pub async fn source(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    caller.check(&ns)?;
+    let record = s.store.get_function(&ns, &name).await?;
+    let Some(sha) = record.code_sha256 else { return Ok(Json(json!({"items": []}))) };
+    let archive = s.blobs.get(&sha).await.map_err(|e| ApiError::Internal(e.into()))?;
+    let limits = s.archive_limits.clone();
+    let files = tokio::task::spawn_blocking(move || sless_blob::list_source(&archive, &limits))
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))?
+        .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored archive {sha} is unreadable: {e}")))?;
+    Ok(Json(json!({"items": files})))
+}
+
+#[derive(Deserialize)]
+pub struct LogsQuery {
+    tail: Option<usize>,
+    #[serde(default)]
+    follow: bool,
+}
+
+pub async fn logs(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+    Query(q): Query<LogsQuery>,
+) -> Result<Response, ApiError> {
+    caller.check(&ns)?;
+    s.store.get_function(&ns, &name).await?;
+    // Subscribe before reading the tail so no line falls between the two.
+    let live = q.follow.then(|| s.logs.subscribe(&ns, &name));
+    let tail = q.tail.unwrap_or(200).min(100_000);
+    let lines = s.logs.tail(&ns, &name, tail).map_err(|e| ApiError::Internal(e.into()))?;
+    let mut text = lines.join("\n");
+    if !text.is_empty() {
+        text.push('\n');
+    }
+    let Some(live) = live else {
+        return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response());
+    };
+    use futures::StreamExt;
+    let first = futures::stream::once(async move { Ok::<_, Infallible>(Bytes::from(text)) });
+    let rest = futures::stream::unfold(live, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(mut line) => {
+                    line.push('\n');
+                    return Some((Ok(Bytes::from(line)), rx));
+                }
+                // A slow reader skips what it missed rather than stalling writers.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8"), (header::CACHE_CONTROL, "no-cache")],
+        Body::from_stream(first.chain(rest)),
+    )
+        .into_response())
+}
+
+
+pub async fn invoke(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
+    req: Request,
+) -> Result<Response, ApiError> {
+    caller.check(&ns)?;
+    let body = read_limited(req, &(), s.max_invoke_body).await?;
+    let event = if body.iter().all(u8::is_ascii_whitespace) {
+        Bytes::from_static(b"null")
+    } else {
+        serde_json::from_slice::<serde::de::IgnoredAny>(&body)
+            .map_err(|e| ApiError::bad(format!("the event must be JSON: {e}")))?;
+        body
+    };
+    let request_id = sless_gateway::request_id(&headers);
+    let request = InvokeRequest { event, request_id: request_id.clone(), source: "invoke" };
+    let mut response = match s.executor.invoke(&ns, &name, request).await {
+        Ok(r) => {
+            let status = if r.ok { StatusCode::OK } else { StatusCode::INTERNAL_SERVER_ERROR };
+            (status, [(header::CONTENT_TYPE, "application/json")], r.body).into_response()
+        }
+        Err(InvokeError::NotFound) => {
+            let record = s.store.get_function(&ns, &name).await?;
+            return Err(ApiError::Unavailable(format!(
+                "function {name} has no revision that can serve yet (phase {:?}: {})",
+                record.status.phase, record.status.message
+            )));
+        }
+        Err(e) => sless_gateway::invoke_error_response(&e),
+    };
+    if let Ok(v) = header::HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert("x-request-id", v);
+    }
+    Ok(response)
+}

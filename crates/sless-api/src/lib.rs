@@ -1,0 +1,128 @@
+//! The REST API of `../shared/spec/api-v1.md` (`/v1/...`, `/healthz`, `/readyz`):
+//! authentication and tenancy, namespaces, functions, code uploads, logs and the
+//! authenticated invoke. The only crate that knows the wire shapes of objects.
+
+mod auth;
+mod error;
+mod functions;
+mod namespaces;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use serde_json::Value;
+use sless_blob::{ArchiveLimits, BlobStore};
+use sless_controller::Controller;
+use sless_executor::Executor;
+use sless_logs::LogStore;
+use sless_store::Store;
+
+pub use auth::{Caller, Tokens, hash_token, new_token};
+pub use error::ApiError;
+
+/// Everything the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub blobs: Arc<dyn BlobStore>,
+    pub controller: Arc<Controller>,
+    pub executor: Arc<Executor>,
+    pub logs: Arc<LogStore>,
+    pub tokens: Arc<Tokens>,
+    pub archive_limits: ArchiveLimits,
+    /// Largest event accepted by `/invoke`.
+    pub max_invoke_body: usize,
+}
+
+/// Largest JSON document accepted by the object endpoints.
+const MAX_JSON: usize = 1 << 20;
+
+/// The `/v1` API plus health endpoints.
+pub fn router(state: AppState) -> Router {
+    use functions as f;
+    use namespaces as n;
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/v1/whoami", get(n::whoami))
+        .route("/v1/tokens", post(n::create_token))
+        .route("/v1/namespaces", get(n::list))
+        .route("/v1/namespaces/{ns}", put(n::ensure).get(n::get).delete(n::delete))
+        .route("/v1/namespaces/{ns}/functions", get(f::list).post(f::create))
+        .route("/v1/namespaces/{ns}/functions/{name}", get(f::get).patch(f::patch).delete(f::delete))
+        .route("/v1/namespaces/{ns}/functions/{name}/code", put(f::upload_code))
+        .route("/v1/namespaces/{ns}/functions/{name}/source", get(f::source))
+        .route("/v1/namespaces/{ns}/functions/{name}/logs", get(f::logs))
+        .route("/v1/namespaces/{ns}/functions/{name}/invoke", post(f::invoke))
+        .fallback(fallback)
+        .with_state(state)
+}
+
+async fn fallback() -> ApiError {
+    ApiError::NotFound("no such endpoint".into())
+}
+
+async fn healthz() -> impl IntoResponse {
+    axum::Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn readyz(State(s): State<AppState>) -> Response {
+    let store = s.store.ping().await.err().map(|e| format!("metadata store: {e}"));
+    let blobs = s.blobs.ping().await.err().map(|e| format!("code store: {e}"));
+    let problems: Vec<String> = store.into_iter().chain(blobs).collect();
+    if problems.is_empty() {
+        axum::Json(serde_json::json!({"status": "ready"})).into_response()
+    } else {
+        tracing::warn!(?problems, "not ready");
+        (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"status": "unavailable", "problems": problems})))
+            .into_response()
+    }
+}
+
+/// A JSON request body: checks the content type (`415`), the size (`413`) and the
+/// syntax (`400`, naming what is wrong).
+pub struct JsonBody(pub Value);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let content_type = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+            .unwrap_or_default();
+        if content_type != "application/json" && content_type != "application/merge-patch+json" {
+            return Err(ApiError::UnsupportedMediaType(format!(
+                "expected Content-Type: application/json, got {:?}",
+                if content_type.is_empty() { "nothing" } else { &content_type }
+            )));
+        }
+        let bytes = read_limited(req, state, MAX_JSON).await?;
+        let value = serde_json::from_slice(&bytes).map_err(|e| ApiError::bad(format!("body is not valid JSON: {e}")))?;
+        Ok(JsonBody(value))
+    }
+}
+
+/// Reads a whole body, refusing it with `413` past `limit` bytes.
+pub(crate) async fn read_limited<S: Send + Sync>(req: Request, state: &S, limit: usize) -> Result<Bytes, ApiError> {
+    let too_large = || ApiError::TooLarge(format!("request body is larger than the limit of {limit} bytes"));
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let req = req.map(|b| axum::body::Body::new(http_body_util::Limited::new(b, limit)));
+    Bytes::from_request(req, state).await.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE { too_large() } else { ApiError::bad(format!("could not read the body: {e}")) }
+    })
+}

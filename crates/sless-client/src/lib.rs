@@ -1,0 +1,377 @@
+//! Typed HTTP client for the sless API v1, used by the CLI and the end-to-end tests.
+//!
+//! Every call maps a non-success answer to [`ClientError::Api`] with the server's own
+//! `code` and `message`, so callers can show users what the server said. The one exception
+//! is [`Client::invoke`]: a function's answer is data, whatever its status.
+
+mod error;
+mod types;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use reqwest::{Method, RequestBuilder, Response, Url, header};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+pub use error::ClientError;
+pub use reqwest::header::HeaderMap;
+pub use types::{
+    Function, FunctionStatus, InstanceCounts, InvokeResponse, Namespace, UploadResponse,
+};
+
+use types::Items;
+
+/// Result of every client call.
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// How often [`Client::wait_ready`] polls the function's status.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A connection to one sless server with one (optional) bearer token.
+///
+/// Cheap to clone: the underlying connection pool is shared.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    /// The server's base URL, normalised to have no trailing slash.
+    base: String,
+    /// `base` parsed, the starting point of every request URL.
+    base_url: Url,
+    token: Option<String>,
+}
+
+impl Client {
+    /// Creates a client for `server` (`http://host:port`, `https://host/prefix`, or a bare
+    /// `host:port`, which means plain HTTP). `token` is sent as `Authorization: Bearer`.
+    pub fn new(server: &str, token: Option<String>) -> Result<Client> {
+        let invalid = |reason: &str| ClientError::InvalidUrl {
+            url: server.to_string(),
+            reason: reason.to_string(),
+        };
+        let trimmed = server.trim();
+        if trimmed.is_empty() {
+            return Err(invalid("it is empty"));
+        }
+        let with_scheme = if trimmed.contains("://") {
+            trimmed.to_string()
+        } else {
+            format!("http://{trimmed}")
+        };
+        let url = Url::parse(&with_scheme).map_err(|e| invalid(&e.to_string()))?;
+        if url.scheme() != "http" && url.scheme() != "https" {
+            return Err(invalid("only http:// and https:// are supported"));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(invalid("it may not have a query or fragment"));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .user_agent(concat!("sless-client/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|source| ClientError::Http {
+                url: server.to_string(),
+                source,
+            })?;
+        let base = url.as_str().trim_end_matches('/').to_string();
+        Ok(Client {
+            http,
+            base,
+            base_url: url,
+            token: token.filter(|t| !t.is_empty()),
+        })
+    }
+
+    /// The server's base URL without a trailing slash, e.g. `http://127.0.0.1:8080`.
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// The underlying HTTP client, for requests this type has no method for (e.g. `/fn/` calls).
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// The public URL of a function: `{base}/fn/{ns}/{name}`.
+    pub fn function_url(&self, ns: &str, name: &str) -> String {
+        self.url(&["fn", ns, name]).to_string()
+    }
+
+    /// `GET /v1/whoami`: `{"admin": bool, "namespaces": [...]}` for the presented token.
+    pub async fn whoami(&self) -> Result<Value> {
+        self.get_json(self.url(&["v1", "whoami"])).await
+    }
+
+    /// `PUT /v1/namespaces/{ns}`: true when the namespace was created, false when it existed.
+    pub async fn ensure_namespace(&self, ns: &str) -> Result<bool> {
+        let url = self.url(&["v1", "namespaces", ns]);
+        let resp = self.send(self.http.put(url.clone()), &url).await?;
+        Ok(resp.status() == reqwest::StatusCode::CREATED)
+    }
+
+    /// `GET /v1/namespaces`: the namespaces the token may see.
+    pub async fn list_namespaces(&self) -> Result<Vec<Namespace>> {
+        let items: Items<Namespace> = self.get_json(self.url(&["v1", "namespaces"])).await?;
+        Ok(items.items)
+    }
+
+    /// `DELETE /v1/namespaces/{ns}`; `force` deletes a namespace that still holds objects.
+    pub async fn delete_namespace(&self, ns: &str, force: bool) -> Result<()> {
+        let mut url = self.url(&["v1", "namespaces", ns]);
+        if force {
+            url.query_pairs_mut().append_pair("force", "true");
+        }
+        self.send(self.http.delete(url.clone()), &url).await?;
+        Ok(())
+    }
+
+    /// `POST /v1/namespaces/{ns}/functions` with `body` (`name`, `runtime` and spec fields).
+    pub async fn create_function(&self, ns: &str, body: &Value) -> Result<Function> {
+        let url = self.url(&["v1", "namespaces", ns, "functions"]);
+        let resp = self
+            .send(self.http.post(url.clone()).json(body), &url)
+            .await?;
+        decode(resp, &url).await
+    }
+
+    /// `GET /v1/namespaces/{ns}/functions/{name}`.
+    pub async fn get_function(&self, ns: &str, name: &str) -> Result<Function> {
+        self.get_json(self.url(&["v1", "namespaces", ns, "functions", name]))
+            .await
+    }
+
+    /// `GET /v1/namespaces/{ns}/functions`.
+    pub async fn list_functions(&self, ns: &str) -> Result<Vec<Function>> {
+        let items: Items<Function> = self
+            .get_json(self.url(&["v1", "namespaces", ns, "functions"]))
+            .await?;
+        Ok(items.items)
+    }
+
+    /// `PATCH /v1/namespaces/{ns}/functions/{name}` with a JSON merge patch of spec fields.
+    pub async fn patch_function(&self, ns: &str, name: &str, patch: &Value) -> Result<Function> {
+        let url = self.url(&["v1", "namespaces", ns, "functions", name]);
+        let req = self
+            .http
+            .patch(url.clone())
+            .header(header::CONTENT_TYPE, "application/merge-patch+json")
+            .body(patch.to_string());
+        let resp = self.send(req, &url).await?;
+        decode(resp, &url).await
+    }
+
+    /// `DELETE /v1/namespaces/{ns}/functions/{name}`.
+    pub async fn delete_function(&self, ns: &str, name: &str) -> Result<()> {
+        let url = self.url(&["v1", "namespaces", ns, "functions", name]);
+        self.send(self.http.delete(url.clone()), &url).await?;
+        Ok(())
+    }
+
+    /// `PUT /v1/namespaces/{ns}/functions/{name}/code` with a zip archive.
+    pub async fn upload_code(&self, ns: &str, name: &str, zip: Vec<u8>) -> Result<UploadResponse> {
+        let url = self.url(&["v1", "namespaces", ns, "functions", name, "code"]);
+        let req = self
+            .http
+            .put(url.clone())
+            .header(header::CONTENT_TYPE, "application/zip")
+            .body(zip);
+        let resp = self.send(req, &url).await?;
+        decode(resp, &url).await
+    }
+
+    /// `POST /v1/namespaces/{ns}/functions/{name}/invoke` with `event` as the body.
+    ///
+    /// Returns the function's answer whatever its status (a handler may answer 4xx/5xx on
+    /// purpose); only transport failures are errors. Check [`InvokeResponse::is_success`].
+    pub async fn invoke(&self, ns: &str, name: &str, event: &Value) -> Result<InvokeResponse> {
+        let url = self.url(&["v1", "namespaces", ns, "functions", name, "invoke"]);
+        let req = self.authorize(self.http.post(url.clone()).json(event));
+        let resp = req.send().await.map_err(|e| http_error(&url, e))?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp.bytes().await.map_err(|e| http_error(&url, e))?;
+        Ok(InvokeResponse {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// `GET .../logs?tail=N`: the function's build and instance output, newest last.
+    pub async fn logs(&self, ns: &str, name: &str, tail: Option<u32>) -> Result<String> {
+        let url = self.logs_url(ns, name, tail, false);
+        let resp = self.send(self.http.get(url.clone()), &url).await?;
+        resp.text().await.map_err(|e| http_error(&url, e))
+    }
+
+    /// `GET .../logs?follow=true`: the log as a stream of chunks that ends when the server
+    /// closes it. Chunks are not aligned to lines.
+    pub async fn follow_logs(
+        &self,
+        ns: &str,
+        name: &str,
+        tail: Option<u32>,
+    ) -> Result<impl Stream<Item = Result<Bytes>> + Send + 'static + use<>> {
+        let url = self.logs_url(ns, name, tail, true);
+        let resp = self.send(self.http.get(url.clone()), &url).await?;
+        Ok(resp
+            .bytes_stream()
+            .map(move |chunk| chunk.map_err(|e| http_error(&url, e))))
+    }
+
+    /// `POST /v1/tokens`: a new token for namespace `ns` (admin only). It is shown only once.
+    pub async fn create_token(&self, ns: &str) -> Result<String> {
+        #[derive(serde::Deserialize)]
+        struct Created {
+            token: String,
+        }
+        let url = self.url(&["v1", "tokens"]);
+        let resp = self
+            .send(
+                self.http
+                    .post(url.clone())
+                    .json(&json!({ "namespace": ns })),
+                &url,
+            )
+            .await?;
+        let created: Created = decode(resp, &url).await?;
+        Ok(created.token)
+    }
+
+    /// Polls the function every ~100 ms until `status.revision >= revision` and the phase is
+    /// `Ready` or `Failed`, calling `on_progress` with every observation. A `Failed` function
+    /// is returned as `Ok`: the caller decides what failure means.
+    pub async fn wait_ready(
+        &self,
+        ns: &str,
+        name: &str,
+        revision: u64,
+        timeout: Duration,
+        mut on_progress: impl FnMut(&Function),
+    ) -> Result<Function> {
+        let start = tokio::time::Instant::now();
+        loop {
+            let function = self.get_function(ns, name).await?;
+            on_progress(&function);
+            if function.status.revision >= revision && function.status.is_settled() {
+                return Ok(function);
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(ClientError::WaitTimeout {
+                    namespace: ns.to_string(),
+                    name: name.to_string(),
+                    revision,
+                    waited,
+                    last_phase: function.status.phase,
+                });
+            }
+            tokio::time::sleep(POLL_INTERVAL.min(timeout - waited)).await;
+        }
+    }
+
+    /// Sends `method path` (relative to the base URL, e.g. `/v1/namespaces/x/triggers`) with an
+    /// optional JSON body and returns the decoded answer, `Value::Null` for an empty one.
+    /// For endpoints without a typed method (triggers, jobs, invocations).
+    pub async fn request_json(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value> {
+        let url = Url::parse(&format!("{}/{}", self.base, path.trim_start_matches('/'))).map_err(
+            |e| ClientError::InvalidUrl {
+                url: path.to_string(),
+                reason: e.to_string(),
+            },
+        )?;
+        let mut req = self.http.request(method, url.clone());
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let resp = self.send(req, &url).await?;
+        let bytes = resp.bytes().await.map_err(|e| http_error(&url, e))?;
+        if bytes.is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
+            url: url.to_string(),
+            source,
+        })
+    }
+
+    /// The base URL with `segments` appended, each percent-encoded as one path segment.
+    fn url(&self, segments: &[&str]) -> Url {
+        let mut url = self.base_url.clone();
+        // `new` accepts only http(s) URLs, which always have path segments, so this cannot fail.
+        url.path_segments_mut()
+            .expect("http(s) URLs have a path")
+            .pop_if_empty()
+            .extend(segments);
+        url
+    }
+
+    fn logs_url(&self, ns: &str, name: &str, tail: Option<u32>, follow: bool) -> Url {
+        let mut url = self.url(&["v1", "namespaces", ns, "functions", name, "logs"]);
+        {
+            let mut query = url.query_pairs_mut();
+            if let Some(tail) = tail {
+                query.append_pair("tail", &tail.to_string());
+            }
+            if follow {
+                query.append_pair("follow", "true");
+            }
+        }
+        if url.query() == Some("") {
+            url.set_query(None);
+        }
+        url
+    }
+
+    fn authorize(&self, req: RequestBuilder) -> RequestBuilder {
+        match &self.token {
+            Some(token) => req.bearer_auth(token),
+            None => req,
+        }
+    }
+
+    /// Sends the request with the token and turns a non-success answer into [`ClientError::Api`].
+    async fn send(&self, req: RequestBuilder, url: &Url) -> Result<Response> {
+        let resp = self
+            .authorize(req)
+            .send()
+            .await
+            .map_err(|e| http_error(url, e))?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status().as_u16();
+        let body = resp.bytes().await.map_err(|e| http_error(url, e))?;
+        Err(ClientError::from_response(status, &body))
+    }
+
+    async fn get_json<T: DeserializeOwned>(&self, url: Url) -> Result<T> {
+        let resp = self.send(self.http.get(url.clone()), &url).await?;
+        decode(resp, &url).await
+    }
+}
+
+async fn decode<T: DeserializeOwned>(resp: Response, url: &Url) -> Result<T> {
+    let bytes = resp.bytes().await.map_err(|e| http_error(url, e))?;
+    serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
+        url: url.to_string(),
+        source,
+    })
+}
+
+/// Wraps a transport error; the URL is ours to print, so reqwest's copy is dropped.
+fn http_error(url: &Url, e: reqwest::Error) -> ClientError {
+    ClientError::Http {
+        url: url.to_string(),
+        source: e.without_url(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

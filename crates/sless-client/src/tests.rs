@@ -1,0 +1,531 @@
+//! Client tests against a tiny axum server on 127.0.0.1:0 that speaks the contract's shapes.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use axum::Router;
+use axum::body::{Body, Bytes as AxBytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap as AxHeaders, StatusCode};
+use axum::response::{IntoResponse, Response as AxResponse};
+use axum::routing::{get, post, put};
+use serde_json::{Value, json};
+
+use super::*;
+
+#[derive(Clone, Default)]
+struct TestState {
+    polls: Arc<AtomicU32>,
+}
+
+fn api_error(status: StatusCode, code: &str, message: &str) -> AxResponse {
+    (
+        status,
+        axum::Json(json!({"error": {"code": code, "message": message}})),
+    )
+        .into_response()
+}
+
+fn function_json(ns: &str, name: &str, phase: &str, revision: u64) -> Value {
+    json!({
+        "name": name, "namespace": ns, "spec": {"runtime": "python3"},
+        "status": {"phase": phase, "message": "", "revision": revision, "code_sha256": null,
+                   "url": format!("http://test/fn/{ns}/{name}"), "instances": {"ready": 0, "starting": 0},
+                   "last_built_at": null},
+        "created_at": "2025-01-01T00:00:00Z", "updated_at": "2025-01-01T00:00:00Z"
+    })
+}
+
+async fn whoami(headers: AxHeaders) -> axum::Json<Value> {
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    axum::Json(json!({"admin": true, "namespaces": ["default"], "auth": auth}))
+}
+
+async fn ensure_ns(Path(ns): Path<String>) -> AxResponse {
+    match ns.as_str() {
+        "fresh" => StatusCode::CREATED.into_response(),
+        "hidden" => api_error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "namespace hidden not found",
+        ),
+        _ => StatusCode::OK.into_response(),
+    }
+}
+
+async fn delete_ns(Path(ns): Path<String>, Query(q): Query<HashMap<String, String>>) -> AxResponse {
+    if q.get("force").map(String::as_str) == Some("true") {
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    api_error(
+        StatusCode::CONFLICT,
+        "not_empty",
+        &format!("namespace {ns} is not empty"),
+    )
+}
+
+async fn list_ns() -> axum::Json<Value> {
+    axum::Json(json!({"items": [{"name": "default"}, {"name": "team-a"}]}))
+}
+
+async fn list_functions(Path(ns): Path<String>) -> AxResponse {
+    if ns == "proxied" {
+        // Not the contract's shape: what a reverse proxy in front of the server might send.
+        return (StatusCode::BAD_GATEWAY, "upstream went away").into_response();
+    }
+    axum::Json(json!({"items": [function_json(&ns, "a", "Ready", 1), function_json(&ns, "b", "Failed", 2)]}))
+        .into_response()
+}
+
+async fn create_function(
+    Path(ns): Path<String>,
+    axum::Json(body): axum::Json<Value>,
+) -> AxResponse {
+    let name = body["name"].as_str().unwrap_or("").to_string();
+    if name == "dup" {
+        return api_error(
+            StatusCode::CONFLICT,
+            "already_exists",
+            "function default/dup already exists",
+        );
+    }
+    (
+        StatusCode::CREATED,
+        axum::Json(function_json(&ns, &name, "Pending", 1)),
+    )
+        .into_response()
+}
+
+async fn get_function(
+    State(state): State<TestState>,
+    Path((ns, name)): Path<(String, String)>,
+) -> AxResponse {
+    match name.as_str() {
+        "missing" => api_error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "function default/missing not found",
+        ),
+        "slow" => {
+            // Builds revision 2 for two polls, then reports it Ready.
+            let n = state.polls.fetch_add(1, Ordering::SeqCst);
+            let (phase, revision) = match n {
+                0 => ("Ready", 1),
+                1 => ("Building", 2),
+                _ => ("Ready", 2),
+            };
+            axum::Json(function_json(&ns, &name, phase, revision)).into_response()
+        }
+        "stuck" => axum::Json(function_json(&ns, &name, "Building", 5)).into_response(),
+        _ => axum::Json(function_json(&ns, &name, "Ready", 1)).into_response(),
+    }
+}
+
+async fn patch_function(
+    Path((ns, name)): Path<(String, String)>,
+    headers: AxHeaders,
+    body: AxBytes,
+) -> AxResponse {
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if content_type != "application/merge-patch+json" {
+        return api_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            content_type,
+        );
+    }
+    let patch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let mut f = function_json(&ns, &name, "Pending", 3);
+    f["spec"] = patch;
+    axum::Json(f).into_response()
+}
+
+async fn delete_function(Path((_ns, name)): Path<(String, String)>) -> AxResponse {
+    if name == "missing" {
+        return api_error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "function default/missing not found",
+        );
+    }
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn upload(headers: AxHeaders, body: AxBytes) -> AxResponse {
+    if headers.get("content-type").and_then(|v| v.to_str().ok()) != Some("application/zip") {
+        return api_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send a zip",
+        );
+    }
+    if body.is_empty() {
+        return api_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_archive",
+            "the archive is empty",
+        );
+    }
+    (
+        StatusCode::ACCEPTED,
+        axum::Json(json!({"revision": 7, "code_sha256": format!("len-{}", body.len())})),
+    )
+        .into_response()
+}
+
+async fn invoke(Path((_ns, name)): Path<(String, String)>, body: AxBytes) -> AxResponse {
+    if name == "bad" {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(json!({"error": "boom"})),
+        )
+            .into_response();
+    }
+    ([("x-echo", "yes")], body).into_response()
+}
+
+async fn logs(Query(q): Query<HashMap<String, String>>) -> AxResponse {
+    if q.get("follow").map(String::as_str) == Some("true") {
+        let chunks =
+            ["line 1\n", "line 2\n", "line 3\n"].map(|c| Ok::<_, Infallible>(AxBytes::from(c)));
+        return Body::from_stream(futures::stream::iter(chunks)).into_response();
+    }
+    let mut keys: Vec<_> = q.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    keys.sort();
+    format!("query: {}\n", keys.join("&")).into_response()
+}
+
+async fn create_token(axum::Json(body): axum::Json<Value>) -> AxResponse {
+    let ns = body["namespace"].as_str().unwrap_or("");
+    (
+        StatusCode::CREATED,
+        axum::Json(json!({"token": format!("tok-{ns}")})),
+    )
+        .into_response()
+}
+
+async fn garbage() -> &'static str {
+    "this is not json"
+}
+
+/// Starts the test server and returns its base URL.
+async fn serve() -> String {
+    let app = Router::new()
+        .route("/v1/whoami", get(whoami))
+        .route("/v1/garbage", get(garbage))
+        .route("/v1/namespaces", get(list_ns))
+        .route("/v1/namespaces/{ns}", put(ensure_ns).delete(delete_ns))
+        .route(
+            "/v1/namespaces/{ns}/functions",
+            get(list_functions).post(create_function),
+        )
+        .route(
+            "/v1/namespaces/{ns}/functions/{name}",
+            get(get_function)
+                .patch(patch_function)
+                .delete(delete_function),
+        )
+        .route("/v1/namespaces/{ns}/functions/{name}/code", put(upload))
+        .route("/v1/namespaces/{ns}/functions/{name}/invoke", post(invoke))
+        .route("/v1/namespaces/{ns}/functions/{name}/logs", get(logs))
+        .route("/v1/tokens", post(create_token))
+        .with_state(TestState::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+async fn client(token: Option<&str>) -> Client {
+    Client::new(&serve().await, token.map(String::from)).expect("client")
+}
+
+#[test]
+fn new_normalises_and_validates_the_server_url() {
+    let c = Client::new("http://127.0.0.1:8080/", None).expect("valid");
+    assert_eq!(c.base_url(), "http://127.0.0.1:8080");
+    let c = Client::new("127.0.0.1:9000", None).expect("bare host:port means http");
+    assert_eq!(c.base_url(), "http://127.0.0.1:9000");
+    let c = Client::new("https://example.com/sless/", None).expect("prefix kept");
+    assert_eq!(
+        c.function_url("default", "hello"),
+        "https://example.com/sless/fn/default/hello"
+    );
+    for bad in ["", "ftp://x", "http://x/?a=1", "http://"] {
+        assert!(
+            matches!(Client::new(bad, None), Err(ClientError::InvalidUrl { .. })),
+            "{bad}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sends_the_bearer_token() {
+    let who = client(Some("secret")).await.whoami().await.expect("whoami");
+    assert_eq!(who["auth"], "Bearer secret");
+    let who = client(None).await.whoami().await.expect("whoami");
+    assert_eq!(who["auth"], "");
+}
+
+#[tokio::test]
+async fn parses_contract_errors() {
+    let c = client(None).await;
+    let err = c.get_function("default", "missing").await.expect_err("404");
+    match &err {
+        ClientError::Api {
+            status,
+            code,
+            message,
+        } => {
+            assert_eq!(*status, 404);
+            assert_eq!(code, "not_found");
+            assert_eq!(message, "function default/missing not found");
+        }
+        other => panic!("expected an API error, got {other:?}"),
+    }
+    assert_eq!(
+        err.to_string(),
+        "function default/missing not found (HTTP 404 not_found)"
+    );
+
+    let err = c
+        .create_function("default", &json!({"name": "dup", "runtime": "python3"}))
+        .await
+        .expect_err("409");
+    assert_eq!(err.status(), Some(409));
+    assert_eq!(err.code(), Some("already_exists"));
+
+    let err = c.delete_namespace("team-a", false).await.expect_err("409");
+    assert_eq!(
+        err.to_string(),
+        "namespace team-a is not empty (HTTP 409 not_empty)"
+    );
+}
+
+#[tokio::test]
+async fn non_contract_errors_keep_the_body_text() {
+    let err = client(None)
+        .await
+        .list_functions("proxied")
+        .await
+        .expect_err("502");
+    assert_eq!(err.to_string(), "upstream went away (HTTP 502 http_502)");
+}
+
+#[tokio::test]
+async fn undecodable_success_is_a_decode_error() {
+    let c = client(None).await;
+    let err = c
+        .request_json(Method::GET, "/v1/garbage", None)
+        .await
+        .expect_err("not json");
+    assert!(matches!(err, ClientError::Decode { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn connection_refused_is_an_http_error() {
+    // Bind then drop a listener so the port is known to be closed.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    let c = Client::new(&format!("http://{addr}"), None).expect("client");
+    let err = c.whoami().await.expect_err("refused");
+    assert!(matches!(err, ClientError::Http { .. }), "{err:?}");
+    assert!(err.to_string().contains(&addr.to_string()), "{err}");
+}
+
+#[tokio::test]
+async fn namespaces() {
+    let c = client(None).await;
+    assert!(c.ensure_namespace("fresh").await.expect("created"));
+    assert!(!c.ensure_namespace("default").await.expect("existed"));
+    assert_eq!(
+        c.ensure_namespace("hidden")
+            .await
+            .expect_err("404")
+            .status(),
+        Some(404)
+    );
+    let names: Vec<_> = c
+        .list_namespaces()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+    assert_eq!(names, ["default", "team-a"]);
+    c.delete_namespace("team-a", true)
+        .await
+        .expect("forced delete");
+}
+
+#[tokio::test]
+async fn function_crud() {
+    let c = client(None).await;
+    let created = c
+        .create_function("default", &json!({"name": "hello", "runtime": "python3"}))
+        .await
+        .expect("create");
+    assert_eq!(
+        (created.name.as_str(), created.status.phase.as_str()),
+        ("hello", "Pending")
+    );
+
+    let listed = c.list_functions("default").await.expect("list");
+    assert_eq!(
+        listed.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+
+    let patched = c
+        .patch_function("default", "hello", &json!({"memory_mb": 256}))
+        .await
+        .expect("patch");
+    assert_eq!(patched.spec, json!({"memory_mb": 256}));
+    assert_eq!(patched.status.revision, 3);
+
+    c.delete_function("default", "hello").await.expect("delete");
+    assert_eq!(
+        c.delete_function("default", "missing")
+            .await
+            .expect_err("404")
+            .status(),
+        Some(404)
+    );
+}
+
+#[tokio::test]
+async fn names_are_encoded_as_single_path_segments() {
+    let c = client(None).await;
+    let f = c.get_function("default", "a/b c").await.expect("get");
+    assert_eq!(f.name, "a/b c");
+}
+
+#[tokio::test]
+async fn uploads_zip_bytes() {
+    let c = client(None).await;
+    let up = c
+        .upload_code("default", "hello", b"PK\x05\x06 pretend".to_vec())
+        .await
+        .expect("upload");
+    assert_eq!(
+        up,
+        UploadResponse {
+            revision: 7,
+            code_sha256: "len-12".into()
+        }
+    );
+    let err = c
+        .upload_code("default", "hello", Vec::new())
+        .await
+        .expect_err("empty");
+    assert_eq!(err.code(), Some("invalid_archive"));
+}
+
+#[tokio::test]
+async fn invoke_returns_every_status_as_data() {
+    let c = client(None).await;
+    let ok = c
+        .invoke("default", "echo", &json!({"x": 1}))
+        .await
+        .expect("invoke");
+    assert!(ok.is_success());
+    assert_eq!(
+        ok.headers.get("x-echo").and_then(|v| v.to_str().ok()),
+        Some("yes")
+    );
+    assert_eq!(ok.json::<Value>().expect("json"), json!({"x": 1}));
+
+    let bad = c
+        .invoke("default", "bad", &json!({}))
+        .await
+        .expect("a 500 is still an answer");
+    assert_eq!(bad.status, 500);
+    assert!(!bad.is_success());
+    assert_eq!(bad.text(), r#"{"error":"boom"}"#);
+}
+
+#[tokio::test]
+async fn logs_plain_and_followed() {
+    let c = client(None).await;
+    assert_eq!(
+        c.logs("default", "hello", Some(20)).await.expect("logs"),
+        "query: tail=20\n"
+    );
+    assert_eq!(
+        c.logs("default", "hello", None).await.expect("logs"),
+        "query: \n"
+    );
+
+    let stream = c
+        .follow_logs("default", "hello", Some(5))
+        .await
+        .expect("follow");
+    let chunks: Vec<Bytes> = stream.map(|c| c.expect("chunk")).collect().await;
+    assert_eq!(chunks.concat(), b"line 1\nline 2\nline 3\n");
+}
+
+#[tokio::test]
+async fn creates_tokens() {
+    assert_eq!(
+        client(None)
+            .await
+            .create_token("team-a")
+            .await
+            .expect("token"),
+        "tok-team-a"
+    );
+}
+
+#[tokio::test]
+async fn wait_ready_waits_for_the_revision_to_settle() {
+    let c = client(None).await;
+    let mut seen = Vec::new();
+    let f = c
+        .wait_ready("default", "slow", 2, Duration::from_secs(30), |f| {
+            seen.push((f.status.phase.clone(), f.status.revision));
+        })
+        .await
+        .expect("ready");
+    assert_eq!((f.status.phase.as_str(), f.status.revision), ("Ready", 2));
+    // Ready at revision 1 does not count: the caller asked for revision 2.
+    assert_eq!(
+        seen,
+        [
+            ("Ready".to_string(), 1),
+            ("Building".to_string(), 2),
+            ("Ready".to_string(), 2)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn wait_ready_times_out() {
+    let c = client(None).await;
+    let err = c
+        .wait_ready("default", "stuck", 5, Duration::from_millis(250), |_| {})
+        .await
+        .expect_err("timeout");
+    match err {
+        ClientError::WaitTimeout {
+            revision,
+            last_phase,
+            ..
+        } => {
+            assert_eq!(revision, 5);
+            assert_eq!(last_phase, "Building");
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+}

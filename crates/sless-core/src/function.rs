@@ -1,0 +1,233 @@
+//! Functions: the user-editable spec with its defaults and limits, and the status
+//! the platform reports back.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::{Runtime, RuntimeFamily, ValidationError};
+
+/// What a user asks for. Every field but `runtime` has the contract's default.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionSpec {
+    pub runtime: String,
+    #[serde(default)]
+    pub entrypoint: String,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default = "defaults::memory_mb")]
+    pub memory_mb: u32,
+    #[serde(default = "defaults::timeout_sec")]
+    pub timeout_sec: u32,
+    #[serde(default)]
+    pub min_instances: u32,
+    #[serde(default = "defaults::max_instances")]
+    pub max_instances: u32,
+    #[serde(default = "defaults::concurrency")]
+    pub concurrency: u32,
+    #[serde(default = "defaults::idle_timeout_sec")]
+    pub idle_timeout_sec: u32,
+    #[serde(default)]
+    pub paused: bool,
+    #[serde(default)]
+    pub private: bool,
+}
+
+mod defaults {
+    pub fn memory_mb() -> u32 {
+        128
+    }
+    pub fn timeout_sec() -> u32 {
+        30
+    }
+    pub fn max_instances() -> u32 {
+        10
+    }
+    pub fn concurrency() -> u32 {
+        16
+    }
+    pub fn idle_timeout_sec() -> u32 {
+        60
+    }
+}
+
+/// Fields of [`FunctionSpec`] a client may set, for rejecting unknown ones with a named error.
+pub const SPEC_FIELDS: &[&str] = &[
+    "runtime",
+    "entrypoint",
+    "env",
+    "memory_mb",
+    "timeout_sec",
+    "min_instances",
+    "max_instances",
+    "concurrency",
+    "idle_timeout_sec",
+    "paused",
+    "private",
+];
+
+impl FunctionSpec {
+    /// Checks every field against the contract's limits and fills in the default
+    /// entrypoint. Returns the parsed runtime so callers need not parse it twice.
+    pub fn validate(&mut self) -> Result<Runtime, ValidationError> {
+        let runtime = Runtime::parse(&self.runtime)?;
+        if self.entrypoint.is_empty() {
+            self.entrypoint = runtime.family.default_entrypoint().to_string();
+        }
+        validate_entrypoint(runtime.family, &self.entrypoint)?;
+        for key in self.env.keys() {
+            let valid = !key.is_empty()
+                && !key.starts_with(|c: char| c.is_ascii_digit())
+                && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(ValidationError::new(
+                    format!("env.{key}"),
+                    "environment variable names are letters, digits and '_', not starting with a digit",
+                ));
+            }
+            if key.starts_with("SLESS_") {
+                return Err(ValidationError::new(format!("env.{key}"), "the SLESS_ prefix is reserved"));
+            }
+        }
+        if let Some((key, _)) = self.env.iter().find(|(_, v)| v.contains('\0')) {
+            return Err(ValidationError::new(format!("env.{key}"), "values may not contain NUL bytes"));
+        }
+        range("memory_mb", self.memory_mb, 32, 4096)?;
+        range("timeout_sec", self.timeout_sec, 0, 900)?;
+        range("concurrency", self.concurrency, 1, 10_000)?;
+        range("idle_timeout_sec", self.idle_timeout_sec, 1, 86_400)?;
+        range("min_instances", self.min_instances, 0, 1000)?;
+        let floor = self.min_instances.max(1);
+        if self.max_instances < floor {
+            return Err(ValidationError::new(
+                "max_instances",
+                format!("must be at least max(1, min_instances) = {floor}, got {}", self.max_instances),
+            ));
+        }
+        range("max_instances", self.max_instances, floor, 1000)?;
+        Ok(runtime)
+    }
+}
+
+fn range(field: &str, value: u32, lo: u32, hi: u32) -> Result<(), ValidationError> {
+    if value < lo || value > hi {
+        return Err(ValidationError::new(field, format!("must be between {lo} and {hi}, got {value}")));
+    }
+    Ok(())
+}
+
+fn validate_entrypoint(family: RuntimeFamily, entrypoint: &str) -> Result<(), ValidationError> {
+    let ident = |s: &str| {
+        !s.is_empty()
+            && !s.starts_with(|c: char| c.is_ascii_digit())
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+    };
+    let ok = match family {
+        RuntimeFamily::Go => ident(entrypoint),
+        RuntimeFamily::Custom => !entrypoint.is_empty() && !entrypoint.contains("..") && !entrypoint.starts_with('/'),
+        RuntimeFamily::Python3 | RuntimeFamily::Nodejs => match entrypoint.rsplit_once('.') {
+            Some((module, func)) => {
+                let module_ok = if family == RuntimeFamily::Python3 {
+                    module.split('.').all(ident)
+                } else {
+                    module.split('/').all(|seg| !seg.is_empty() && seg != ".." && seg != ".")
+                        && !module.starts_with('/')
+                };
+                module_ok && ident(func)
+            }
+            None => false,
+        },
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(ValidationError::new(
+            "entrypoint",
+            format!("{entrypoint:?} is not of the form module.function (for example handler.handle)"),
+        ))
+    }
+}
+
+/// The lifecycle phase of a function's latest revision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum Phase {
+    #[default]
+    Pending,
+    Building,
+    Ready,
+    Failed,
+}
+
+/// How many instances a function has right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct InstanceCounts {
+    pub ready: u32,
+    pub starting: u32,
+}
+
+/// What the platform reports about a function.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct FunctionStatus {
+    pub phase: Phase,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub revision: u64,
+    #[serde(default)]
+    pub code_sha256: Option<String>,
+    #[serde(default)]
+    pub url: String,
+    #[serde(default)]
+    pub instances: InstanceCounts,
+    #[serde(default)]
+    pub last_built_at: Option<DateTime<Utc>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: serde_json::Value) -> Result<FunctionSpec, String> {
+        let mut s: FunctionSpec = serde_json::from_value(json).map_err(|e| e.to_string())?;
+        s.validate().map_err(|e| e.to_string())?;
+        Ok(s)
+    }
+
+    #[test]
+    fn defaults_follow_the_contract() {
+        let s = spec(serde_json::json!({"runtime": "python3"})).unwrap();
+        assert_eq!(s.entrypoint, "handler.handle");
+        assert_eq!((s.memory_mb, s.timeout_sec), (128, 30));
+        assert_eq!((s.min_instances, s.max_instances, s.concurrency, s.idle_timeout_sec), (0, 10, 16, 60));
+        assert!(!s.paused && !s.private);
+        let go = spec(serde_json::json!({"runtime": "go1.23"})).unwrap();
+        assert_eq!(go.entrypoint, "Handle");
+    }
+
+    #[test]
+    fn each_limit_names_its_field() {
+        let cases = [
+            (serde_json::json!({"runtime": "python3", "memory_mb": 16}), "memory_mb"),
+            (serde_json::json!({"runtime": "python3", "memory_mb": 5000}), "memory_mb"),
+            (serde_json::json!({"runtime": "python3", "timeout_sec": 901}), "timeout_sec"),
+            (serde_json::json!({"runtime": "python3", "concurrency": 0}), "concurrency"),
+            (serde_json::json!({"runtime": "python3", "idle_timeout_sec": 0}), "idle_timeout_sec"),
+            (serde_json::json!({"runtime": "python3", "min_instances": 3, "max_instances": 2}), "max_instances"),
+            (serde_json::json!({"runtime": "python3", "max_instances": 0}), "max_instances"),
+            (serde_json::json!({"runtime": "python3", "entrypoint": "handler"}), "entrypoint"),
+            (serde_json::json!({"runtime": "python3", "env": {"1A": "x"}}), "env.1A"),
+            (serde_json::json!({"runtime": "cobol"}), "runtime"),
+        ];
+        for (json, field) in cases {
+            let err = spec(json.clone()).unwrap_err();
+            assert!(err.starts_with(&format!("{field}:")), "{json}: {err}");
+        }
+    }
+
+    #[test]
+    fn zero_timeout_means_no_limit_and_is_valid() {
+        assert!(spec(serde_json::json!({"runtime": "nodejs20", "timeout_sec": 0})).is_ok());
+    }
+}

@@ -1,0 +1,29 @@
+//! Domain types of sless (functions, runtimes, names) and their validation rules.
+//!
+//! This crate does no IO: everything here is plain data and pure functions, so the
+//! rules of the API contract are stated (and tested) once.
+
+pub mod function;
+pub mod name;
+pub mod patch;
+pub mod runtime;
+
+pub use function::{FunctionSpec, FunctionStatus, InstanceCounts, Phase};
+pub use name::validate_name;
+pub use runtime::{Runtime, RuntimeFamily};
+
+/// A validation failure: which field is wrong and why, in words a user can act on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ValidationError {
+    /// The offending field, as it is spelled in the API (`memory_mb`, `env.FOO`).
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl ValidationError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { field: field.into(), message: message.into() }
+    }
+}

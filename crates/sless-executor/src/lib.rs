@@ -1,0 +1,241 @@
+//! Instance pools: the invoke path's engine.
+//!
+//! For every deployed function the executor keeps a [`pool::Pool`] of sandboxed
+//! instances of its current revision. [`Executor::invoke`] picks a ready instance
+//! with spare concurrency (starting one when none has room, up to
+//! `max_instances`), forwards the event over the instance's Unix socket and
+//! returns the answer. Deploying a new revision starts its instances before the
+//! old ones are drained, so traffic never reaches stale code and no request drops.
+//!
+//! Invariant: nothing here touches the metadata store; the invoke path never
+//! waits on control-plane work.
+
+mod instance;
+mod pool;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use sless_core::{InstanceCounts, RuntimeFamily};
+use sless_logs::LogStore;
+use sless_sandbox::Sandbox;
+
+use crate::pool::Pool;
+
+/// Where things are and how long to wait for them.
+#[derive(Debug, Clone)]
+pub struct ExecutorConfig {
+    /// Host directory holding `python/sless_runtime.py` and `node/sless_runtime.js`.
+    pub runtime_dir: PathBuf,
+    /// Host directory for per-instance socket directories.
+    pub run_dir: PathBuf,
+    pub python: PathBuf,
+    pub node: PathBuf,
+    /// How long an instance may take to load its code and answer the readiness check.
+    pub start_timeout: Duration,
+    /// How long a request may wait for an instance with room before `503`.
+    pub queue_timeout: Duration,
+    /// How many requests may wait per function before `503`.
+    pub max_queue: usize,
+    /// Process-count limit per instance.
+    pub max_pids: u32,
+    /// uid/gid the sandboxed processes run as (the run directory is handed to them).
+    pub sandbox_uid: u32,
+    pub sandbox_gid: u32,
+}
+
+/// One revision of a function, as the executor runs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deployment {
+    pub namespace: String,
+    pub name: String,
+    pub revision: u64,
+    pub family: RuntimeFamily,
+    pub entrypoint: String,
+    pub env: BTreeMap<String, String>,
+    pub memory_mb: u32,
+    pub timeout_sec: u32,
+    pub min_instances: u32,
+    pub max_instances: u32,
+    pub concurrency: u32,
+    pub idle_timeout_sec: u32,
+    pub paused: bool,
+    /// `/fn/` requires a token of the function's namespace.
+    pub private: bool,
+    pub code_dir: PathBuf,
+    pub deps_dir: Option<PathBuf>,
+}
+
+/// Why a deployment could not be made to serve.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    /// An instance of the new revision did not become ready; the message says why
+    /// (its exit and the last lines it printed).
+    #[error("{0}")]
+    InstanceFailed(String),
+    /// The function was removed or the executor is shutting down meanwhile.
+    #[error("deployment was cancelled")]
+    Cancelled,
+}
+
+/// What a caller hands to [`Executor::invoke`].
+#[derive(Debug, Clone)]
+pub struct InvokeRequest {
+    /// The event, already encoded as JSON.
+    pub event: Bytes,
+    pub request_id: String,
+    /// `http`, `invoke`, `cron`, `queue` or `job`.
+    pub source: &'static str,
+}
+
+/// The handler's answer.
+#[derive(Debug, Clone)]
+pub struct InvokeResponse {
+    /// `true`: `body` is the return value as JSON; `false`: `body` is `{"error": ...}`.
+    pub ok: bool,
+    pub body: Bytes,
+    /// The request had to wait for a new instance to start.
+    pub cold_start: bool,
+    pub revision: u64,
+}
+
+/// Why an invocation got no answer from the handler.
+#[derive(Debug, thiserror::Error)]
+pub enum InvokeError {
+    /// No such function is deployed.
+    #[error("function not found")]
+    NotFound,
+    /// The function is paused.
+    #[error("function {0} is paused")]
+    Paused(String),
+    /// No instance could take the request in time, or the queue is full.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The handler ran past `timeout_sec`.
+    #[error("function {name} timed out after {seconds} s")]
+    Timeout { name: String, seconds: u32 },
+    /// The instance failed without answering (crashed, was killed, broke the protocol).
+    #[error("{0}")]
+    InstanceFailed(String),
+}
+
+/// All pools.
+pub struct Executor {
+    cfg: Arc<ExecutorConfig>,
+    sandbox: Arc<Sandbox>,
+    logs: Arc<LogStore>,
+    pools: RwLock<HashMap<(String, String), Arc<Pool>>>,
+    next_instance: Arc<AtomicU64>,
+}
+
+impl Executor {
+    pub fn new(cfg: ExecutorConfig, sandbox: Arc<Sandbox>, logs: Arc<LogStore>) -> std::io::Result<Arc<Self>> {
+        std::fs::create_dir_all(&cfg.run_dir)?;
+        let executor = Arc::new(Self {
+            cfg: Arc::new(cfg),
+            sandbox,
+            logs,
+            pools: RwLock::new(HashMap::new()),
+            next_instance: Arc::new(AtomicU64::new(1)),
+        });
+        // The reaper holds only a weak reference, so dropping the executor ends it.
+        let weak = Arc::downgrade(&executor);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(executor) = weak.upgrade() else { break };
+                for pool in executor.all_pools() {
+                    pool.reap_idle();
+                }
+            }
+        });
+        Ok(executor)
+    }
+
+    fn pool(&self, namespace: &str, name: &str) -> Option<Arc<Pool>> {
+        let pools = self.pools.read().unwrap_or_else(|e| e.into_inner());
+        pools.get(&(namespace.to_string(), name.to_string())).cloned()
+    }
+
+    fn all_pools(&self) -> Vec<Arc<Pool>> {
+        self.pools.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    }
+
+    /// Makes `deployment` the revision that serves its function. With
+    /// `min_instances > 0` it returns once that many instances of it are ready and
+    /// the old revision's instances are draining; a revision whose instances cannot
+    /// start is not switched to, and the old one keeps serving.
+    pub async fn deploy(&self, deployment: Deployment) -> Result<(), DeployError> {
+        let key = (deployment.namespace.clone(), deployment.name.clone());
+        let pool = {
+            let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
+            pools
+                .entry(key)
+                .or_insert_with(|| {
+                    Pool::new(
+                        self.cfg.clone(),
+                        self.sandbox.clone(),
+                        self.logs.sink(&deployment.namespace, &deployment.name),
+                        self.next_instance.clone(),
+                        deployment.clone(),
+                    )
+                })
+                .clone()
+        };
+        pool.deploy(deployment).await
+    }
+
+    /// Whether a function is deployed here.
+    pub fn is_deployed(&self, namespace: &str, name: &str) -> bool {
+        self.pool(namespace, name).is_some()
+    }
+
+    /// Whether a deployed function is private (`None`: not deployed).
+    pub fn is_private(&self, namespace: &str, name: &str) -> Option<bool> {
+        self.pool(namespace, name).map(|p| p.is_private())
+    }
+
+    /// Stops serving a function: from now on it is unknown; its instances finish
+    /// what they are doing and stop.
+    pub fn remove(&self, namespace: &str, name: &str) {
+        let pool = self.pools.write().unwrap_or_else(|e| e.into_inner()).remove(&(namespace.to_string(), name.to_string()));
+        if let Some(pool) = pool {
+            pool.close();
+        }
+    }
+
+    /// Instance counts of a function's current revision.
+    pub fn counts(&self, namespace: &str, name: &str) -> InstanceCounts {
+        self.pool(namespace, name).map(|p| p.counts()).unwrap_or_default()
+    }
+
+    /// The latest problem a function's instances had (crash, OOM kill), if any
+    /// since its current revision was deployed.
+    pub fn last_error(&self, namespace: &str, name: &str) -> Option<String> {
+        self.pool(namespace, name).and_then(|p| p.last_error())
+    }
+
+    /// Sends one event to the function and waits for the handler's answer.
+    pub async fn invoke(&self, namespace: &str, name: &str, request: InvokeRequest) -> Result<InvokeResponse, InvokeError> {
+        let pool = self.pool(namespace, name).ok_or(InvokeError::NotFound)?;
+        pool.invoke(request).await
+    }
+
+    /// Stops every instance, letting in-flight requests finish for up to `grace`.
+    pub async fn shutdown(&self, grace: Duration) {
+        let pools: Vec<_> = self.pools.write().unwrap_or_else(|e| e.into_inner()).drain().map(|(_, p)| p).collect();
+        for pool in &pools {
+            pool.close();
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        for pool in &pools {
+            pool.wait_stopped(deadline).await;
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! The instances of one function: choosing one for a request, starting more when
+//! all are busy, replacing crashed ones, draining old revisions, stopping idle ones.
+//!
+//! All state sits behind one `std::sync::Mutex` that is never held across an
+//! `.await`; waiting requests park on a `Notify` that is poked on every change.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use sless_core::InstanceCounts;
+use sless_logs::LogSink;
+use sless_sandbox::Sandbox;
+use tokio::sync::Notify;
+
+use crate::instance::{CallError, DRAINING, Instance, READY, STOPPING};
+use crate::{DeployError, Deployment, ExecutorConfig, InvokeError, InvokeRequest, InvokeResponse};
+
+/// Longest wait between restarts of an instance that keeps failing.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+pub(crate) struct Pool {
+    cfg: Arc<ExecutorConfig>,
+    sandbox: Arc<Sandbox>,
+    sink: LogSink,
+    counter: Arc<AtomicU64>,
+    state: Mutex<State>,
+    notify: Notify,
+    me: Weak<Pool>,
+}
+
+struct State {
+    deployment: Arc<Deployment>,
+    /// Whether `deploy` has run for `deployment` (the pool is created with it).
+    activated: bool,
+    /// Serving instances of the current revision.
+    instances: Vec<Arc<Instance>>,
+    /// Instances being started for the current revision.
+    starting: u32,
+    /// Instances of old revisions (or retired ones) finishing their requests.
+    draining: Vec<Arc<Instance>>,
+    waiters: usize,
+    closed: bool,
+    last_error: Option<String>,
+    /// Bumped whenever an on-demand start fails, so waiting requests can fail fast.
+    failed_starts: u64,
+    /// Consecutive failures (crashes or failed starts), for back-off.
+    failures: u32,
+}
+
+impl Pool {
+    pub fn new(
+        cfg: Arc<ExecutorConfig>,
+        sandbox: Arc<Sandbox>,
+        sink: LogSink,
+        counter: Arc<AtomicU64>,
+        deployment: Deployment,
+    ) -> Arc<Pool> {
+        Arc::new_cyclic(|me| Pool {
+            cfg,
+            sandbox,
+            sink,
+            counter,
+            state: Mutex::new(State {
+                deployment: Arc::new(deployment),
+                activated: false,
+                instances: Vec::new(),
+                starting: 0,
+                draining: Vec::new(),
+                waiters: 0,
+                closed: false,
+                last_error: None,
+                failed_starts: 0,
+                failures: 0,
+            }),
+            notify: Notify::new(),
+            me: me.clone(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn next_id(&self) -> String {
+        format!("i{}", self.counter.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub fn counts(&self) -> InstanceCounts {
+        let st = self.lock();
+        InstanceCounts { ready: st.instances.len() as u32, starting: st.starting }
+    }
+
+    pub fn is_private(&self) -> bool {
+        self.lock().deployment.private
+    }
+
+    pub fn last_error(&self) -> Option<String> {
+        self.lock().last_error.clone()
+    }
+
+    pub async fn deploy(&self, d: Deployment) -> Result<(), DeployError> {
+        let d = Arc::new(d);
+        {
+            let mut st = self.lock();
+            if st.closed {
+                return Err(DeployError::Cancelled);
+            }
+            let same = *st.deployment == *d;
+            if same && st.activated {
+                return Ok(());
+            }
+            // Paused or scale-to-zero revisions need no instance up front.
+            if d.paused || d.min_instances == 0 {
+                self.switch(&mut st, d.clone());
+                return Ok(());
+            }
+        }
+
+        // Start the new revision's minimum before it takes traffic.
+        let starts = (0..d.min_instances).map(|_| {
+            let id = self.next_id();
+            let d = d.clone();
+            async move { Instance::start(&self.cfg, &self.sandbox, &self.sink, &d, id).await }
+        });
+        let results = futures::future::join_all(starts).await;
+        let mut fresh = Vec::new();
+        let mut error = None;
+        for r in results {
+            match r {
+                Ok(instance) => fresh.push(instance),
+                Err(e) => error = Some(e),
+            }
+        }
+        if let Some(e) = error {
+            for instance in fresh {
+                instance.kill();
+                instance.cleanup();
+            }
+            self.sink.line("sless", &format!("revision {} did not start: {e}", d.revision));
+            return Err(DeployError::InstanceFailed(e));
+        }
+        let mut st = self.lock();
+        if st.closed {
+            for instance in fresh {
+                instance.kill();
+            }
+            return Err(DeployError::Cancelled);
+        }
+        self.switch(&mut st, d);
+        for instance in fresh {
+            self.watch(&instance);
+            st.instances.push(instance);
+        }
+        drop(st);
+        self.notify.notify_waiters();
+        Ok(())
+    }
+
+    /// Makes `d` current: old instances drain, and the minimum is topped up.
+    fn switch(&self, st: &mut State, d: Arc<Deployment>) {
+        let revision_changed = st.deployment.revision != d.revision || st.deployment.code_dir != d.code_dir;
+        let same_instances_fit = !revision_changed && *st.deployment == *d;
+        st.deployment = d;
+        st.activated = true;
+        if !same_instances_fit || st.deployment.paused {
+            for instance in std::mem::take(&mut st.instances) {
+                self.drain(st, instance);
+            }
+            st.last_error = None;
+            st.failures = 0;
+        }
+        self.ensure_min(st);
+        self.notify.notify_waiters();
+    }
+
+    /// Stops taking requests on `instance`; kills it once idle (or after a grace).
+    fn drain(&self, st: &mut State, instance: Arc<Instance>) {
+        instance.state.store(DRAINING, Ordering::Release);
+        if instance.inflight.load(Ordering::Acquire) == 0 {
+            instance.kill();
+        } else {
+            // Requests past the function's timeout are answered with 504 anyway.
+            let grace = Duration::from_secs(u64::from(st.deployment.timeout_sec.max(1)) + 5);
+            let straggler = instance.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                straggler.kill();
+            });
+        }
+        st.draining.push(instance);
+    }
+
+    pub fn close(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        for instance in std::mem::take(&mut st.instances) {
+            self.drain(&mut st, instance);
+        }
+        drop(st);
+        self.notify.notify_waiters();
+    }
+
+    /// Waits until every instance has stopped, killing what remains at `deadline`.
+    pub async fn wait_stopped(&self, deadline: tokio::time::Instant) {
+        loop {
+            let notified = self.notify.notified();
+            {
+                let st = self.lock();
+                if st.instances.is_empty() && st.draining.is_empty() && st.starting == 0 {
+                    return;
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                let st = self.lock();
+                for instance in st.instances.iter().chain(st.draining.iter()) {
+                    instance.kill();
+                }
+                return;
+            }
+        }
+    }
+
+    /// Starts instances until the current revision has its minimum.
+    fn ensure_min(&self, st: &mut State) {
+        if st.closed || st.deployment.paused {
+            return;
+        }
+        while (st.instances.len() as u32 + st.starting) < st.deployment.min_instances {
+            self.start_one(st);
+        }
+    }
+
+    /// Starts one instance of the current revision in the background.
+    fn start_one(&self, st: &mut State) {
+        st.starting += 1;
+        let d = st.deployment.clone();
+        let delay = if st.failures == 0 {
+            Duration::ZERO
+        } else {
+            (Duration::from_millis(100) * 2u32.saturating_pow(st.failures.min(16) - 1)).min(MAX_BACKOFF)
+        };
+        let id = self.next_id();
+        let Some(pool) = self.me.upgrade() else { return };
+        tokio::spawn(async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let result = Instance::start(&pool.cfg, &pool.sandbox, &pool.sink, &d, id).await;
+            let mut st = pool.lock();
+            st.starting -= 1;
+            match result {
+                Ok(instance) => {
+                    pool.watch(&instance);
+                    let current = st.deployment.revision == d.revision && st.deployment.code_dir == d.code_dir;
+                    if st.closed || !current || st.deployment.paused {
+                        pool.drain(&mut st, instance);
+                    } else {
+                        st.failures = 0;
+                        st.instances.push(instance);
+                    }
+                }
+                Err(e) => {
+                    pool.sink.line("sless", &e);
+                    st.last_error = Some(e);
+                    st.failed_starts += 1;
+                    st.failures += 1;
+                    pool.ensure_min(&mut st);
+                }
+            }
+            drop(st);
+            pool.notify.notify_waiters();
+        });
+    }
+
+    /// Follows an instance until it exits, then forgets it and, if it was not
+    /// stopped on purpose, reports the crash and replaces it as needed.
+    fn watch(&self, instance: &Arc<Instance>) {
+        let Some(pool) = self.me.upgrade() else { return };
+        let instance = instance.clone();
+        tokio::spawn(async move {
+            let mut exit = instance.exit.clone();
+            let exit = match exit.wait_for(|e| e.is_some()).await {
+                Ok(e) => e.clone(),
+                Err(_) => None,
+            };
+            instance.cleanup();
+            let on_purpose = instance.state.load(Ordering::Acquire) == STOPPING;
+            let mut st = pool.lock();
+            st.instances.retain(|i| !Arc::ptr_eq(i, &instance));
+            st.draining.retain(|i| !Arc::ptr_eq(i, &instance));
+            if !on_purpose {
+                let what = match &exit {
+                    Some(exit) => format!("instance {} {exit}", instance.id),
+                    None => format!("instance {} vanished", instance.id),
+                };
+                pool.sink.line("sless", &what);
+                tracing::warn!(function = %st.deployment.name, "{what}");
+                st.last_error = Some(what);
+                st.failures += 1;
+                pool.ensure_min(&mut st);
+            }
+            drop(st);
+            pool.notify.notify_waiters();
+        });
+    }
+
+    /// Stops instances above the minimum that have been idle too long.
+    pub fn reap_idle(&self) {
+        let mut st = self.lock();
+        let idle_limit = Duration::from_secs(u64::from(st.deployment.idle_timeout_sec));
+        let min = st.deployment.min_instances as usize;
+        while st.instances.len() > min {
+            let victim = st
+                .instances
+                .iter()
+                .filter(|i| i.inflight.load(Ordering::Acquire) == 0 && i.idle_for() >= idle_limit)
+                .max_by_key(|i| i.idle_for())
+                .cloned();
+            let Some(victim) = victim else { break };
+            st.instances.retain(|i| !Arc::ptr_eq(i, &victim));
+            self.drain(&mut st, victim);
+        }
+    }
+
+    pub async fn invoke(&self, request: InvokeRequest) -> Result<InvokeResponse, InvokeError> {
+        let deadline = tokio::time::Instant::now() + self.cfg.queue_timeout;
+        let mut cold_start = false;
+        let (instance, deployment) = loop {
+            let notified = self.notify.notified();
+            let seen_failures;
+            {
+                let mut st = self.lock();
+                if st.closed {
+                    return Err(InvokeError::NotFound);
+                }
+                if st.deployment.paused {
+                    return Err(InvokeError::Paused(st.deployment.name.clone()));
+                }
+                if let Some(instance) = pick(&st) {
+                    instance.inflight.fetch_add(1, Ordering::AcqRel);
+                    break (instance, st.deployment.clone());
+                }
+                if st.waiters >= self.cfg.max_queue {
+                    return Err(InvokeError::Unavailable(format!(
+                        "function {} is at capacity and its queue is full ({} waiting)",
+                        st.deployment.name, st.waiters
+                    )));
+                }
+                // Start another instance unless those already starting will have
+                // room for every waiting request.
+                let d = &st.deployment;
+                let room_coming = st.starting as usize * d.concurrency as usize;
+                let total = st.instances.len() as u32 + st.starting;
+                if room_coming <= st.waiters && total < d.max_instances {
+                    self.start_one(&mut st);
+                }
+                cold_start = true;
+                seen_failures = st.failed_starts;
+                st.waiters += 1;
+            }
+            let waited = tokio::time::timeout_at(deadline, notified).await;
+            let mut st = self.lock();
+            st.waiters -= 1;
+            if waited.is_err() {
+                return Err(InvokeError::Unavailable(format!(
+                    "no instance of function {} had room within {} s",
+                    st.deployment.name,
+                    self.cfg.queue_timeout.as_secs()
+                )));
+            }
+            if st.failed_starts != seen_failures && st.instances.is_empty() && st.starting == 0 {
+                let why = st.last_error.clone().unwrap_or_default();
+                return Err(InvokeError::Unavailable(format!("function {} could not start: {why}", st.deployment.name)));
+            }
+        };
+
+        let _permit = Permit { pool: self, instance: &instance };
+        let timeout = match deployment.timeout_sec {
+            0 => None,
+            s => Some(Duration::from_secs(u64::from(s))),
+        };
+        match instance.call(&request, timeout).await {
+            Ok((ok, body)) => Ok(InvokeResponse { ok, body, cold_start, revision: instance.revision }),
+            Err(CallError::Timeout) => {
+                // The handler may be stuck (a busy loop cannot be interrupted), so the
+                // instance takes no more requests and is replaced.
+                let mut st = self.lock();
+                if let Some(pos) = st.instances.iter().position(|i| Arc::ptr_eq(i, &instance)) {
+                    let retired = st.instances.remove(pos);
+                    self.sink.line("sless", &format!("instance {} is recycled after a request timed out", retired.id));
+                    self.drain(&mut st, retired);
+                    self.ensure_min(&mut st);
+                }
+                Err(InvokeError::Timeout { name: deployment.name.clone(), seconds: deployment.timeout_sec })
+            }
+            Err(CallError::Failed(why)) => {
+                // Give the exit status a moment to arrive so the error can say what happened.
+                let mut exit = instance.exit.clone();
+                let exited = tokio::time::timeout(Duration::from_millis(200), exit.wait_for(|e| e.is_some()))
+                    .await
+                    .ok()
+                    .and_then(|r| r.ok().and_then(|e| e.clone()));
+                Err(InvokeError::InstanceFailed(match exited {
+                    Some(exit) => format!("function instance {exit} without answering"),
+                    None => why,
+                }))
+            }
+        }
+    }
+}
+
+/// The least busy serving instance with room, if any.
+fn pick(st: &State) -> Option<Arc<Instance>> {
+    let limit = st.deployment.concurrency;
+    st.instances
+        .iter()
+        .filter(|i| i.state.load(Ordering::Acquire) == READY && !i.is_dead())
+        .map(|i| (i.inflight.load(Ordering::Acquire), i))
+        .filter(|(n, _)| *n < limit)
+        .min_by_key(|(n, _)| *n)
+        .map(|(_, i)| i.clone())
+}
+
+/// Holds one unit of an instance's concurrency for the length of a request.
+struct Permit<'a> {
+    pool: &'a Pool,
+    instance: &'a Arc<Instance>,
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        let left = self.instance.inflight.fetch_sub(1, Ordering::AcqRel) - 1;
+        if left == 0 && self.instance.state.load(Ordering::Acquire) == DRAINING {
+            self.instance.kill();
+        }
+        self.pool.notify.notify_waiters();
+    }
+}

@@ -1,0 +1,107 @@
+//! The metadata store: namespaces, functions and tokens. [`Store`] is the seam;
+//! [`SqliteStore`] is the embedded default. A PostgreSQL adapter implements the
+//! same trait without callers changing.
+
+mod sqlite;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sless_core::{FunctionSpec, FunctionStatus};
+
+pub use sqlite::SqliteStore;
+
+/// Errors of the metadata store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The object does not exist.
+    #[error("{kind} {name:?} not found")]
+    NotFound { kind: &'static str, name: String },
+    /// An object with that name exists already.
+    #[error("{kind} {name:?} already exists")]
+    Conflict { kind: &'static str, name: String },
+    /// The namespace still holds functions and `force` was not given.
+    #[error("namespace {0:?} is not empty")]
+    NotEmpty(String),
+    /// The database failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A stored document could not be decoded (written by an incompatible version?).
+    #[error("corrupt record: {0}")]
+    Corrupt(#[from] serde_json::Error),
+    /// A patch produced an invalid spec.
+    #[error(transparent)]
+    Invalid(#[from] sless_core::ValidationError),
+    /// Migrations failed at start-up.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// A namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Namespace {
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A function as stored: the desired spec, the latest revision and what the
+/// controller last reported about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionRecord {
+    pub namespace: String,
+    pub name: String,
+    pub spec: FunctionSpec,
+    pub status: FunctionStatus,
+    /// Grows with every code upload and every spec change.
+    pub revision: u64,
+    /// SHA-256 of the latest uploaded archive, if any code was uploaded.
+    pub code_sha256: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// How a function changed, for [`Store::update_function`].
+#[derive(Debug, Clone)]
+pub enum FunctionChange {
+    /// A new spec: the revision grows.
+    Spec(FunctionSpec),
+    /// New code: the revision grows only when the archive differs from the current one.
+    Code(String),
+    /// A JSON merge patch of the spec, applied and validated under the store's
+    /// write lock so concurrent patches never lose each other's edits. The revision
+    /// grows only when the spec actually changes.
+    Patch(serde_json::Value),
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Checks the database answers (for `/readyz`).
+    async fn ping(&self) -> Result<()>;
+
+    /// Creates the namespace if missing; `true` when it was created.
+    async fn ensure_namespace(&self, name: &str) -> Result<bool>;
+    async fn get_namespace(&self, name: &str) -> Result<Namespace>;
+    async fn list_namespaces(&self) -> Result<Vec<Namespace>>;
+    /// Deletes a namespace; with `force` its functions and tokens go too, and their
+    /// records are returned so the caller can stop them.
+    async fn delete_namespace(&self, name: &str, force: bool) -> Result<Vec<FunctionRecord>>;
+
+    async fn create_function(&self, record: &FunctionRecord) -> Result<()>;
+    async fn get_function(&self, namespace: &str, name: &str) -> Result<FunctionRecord>;
+    /// Functions of one namespace, or of all when `None`, ordered by namespace and name.
+    async fn list_functions(&self, namespace: Option<&str>) -> Result<Vec<FunctionRecord>>;
+    /// Applies a change and returns the record as it now stands. Changes to one
+    /// function are serialised, so concurrent writers never lose each other's edits.
+    async fn update_function(&self, namespace: &str, name: &str, change: FunctionChange) -> Result<FunctionRecord>;
+    /// Records the controller's view of `revision`. Ignored (returns `false`) when
+    /// the function has moved on to a newer revision meanwhile, so a slow build of
+    /// old code can never overwrite the status of newer code.
+    async fn set_status(&self, namespace: &str, name: &str, revision: u64, status: &FunctionStatus) -> Result<bool>;
+    async fn delete_function(&self, namespace: &str, name: &str) -> Result<()>;
+
+    /// Stores a namespace token by the hash of its secret.
+    async fn create_token(&self, hash: &str, namespace: &str) -> Result<()>;
+    /// The namespace a token hash belongs to, if any.
+    async fn token_namespace(&self, hash: &str) -> Result<Option<String>>;
+}

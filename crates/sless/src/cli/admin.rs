@@ -1,0 +1,164 @@
+//! Tenancy subcommands: `ns create|ls|rm`, `token create`, `whoami`.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use serde_json::Value;
+
+use super::{Ctx, table};
+
+/// Manage namespaces (admin tokens can create and delete; others list their own).
+#[derive(clap::Subcommand, Debug)]
+pub enum NsCommand {
+    /// Create a namespace; succeeds if it already exists.
+    #[command(after_help = "Example:\n  sless ns create team-a")]
+    Create {
+        /// Namespace name (a DNS label).
+        name: String,
+    },
+    /// List the namespaces the token can see.
+    Ls {
+        /// Print JSON instead of a list.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a namespace; it must be empty unless --force.
+    #[command(
+        after_help = "Examples:\n  sless ns rm team-a\n  sless ns rm team-a --force   # also deletes its functions"
+    )]
+    Rm {
+        /// Namespace to delete.
+        name: String,
+        /// Delete everything in it too.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// Runs `sless ns ...`.
+pub async fn ns(ctx: &Ctx, command: NsCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        NsCommand::Create { name } => {
+            let created = ctx
+                .client
+                .ensure_namespace(&name)
+                .await
+                .with_context(|| format!("cannot create namespace {name}"))?;
+            println!(
+                "{}",
+                if created {
+                    format!("created namespace {name}")
+                } else {
+                    format!("namespace {name} exists")
+                }
+            );
+        }
+        NsCommand::Ls { json } => {
+            let namespaces = ctx
+                .client
+                .list_namespaces()
+                .await
+                .context("cannot list namespaces")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&namespaces)?);
+            } else {
+                let rows: Vec<Vec<String>> = namespaces
+                    .into_iter()
+                    .map(|n| vec![n.name, n.created_at.unwrap_or_default()])
+                    .collect();
+                print!("{}", table::render(&["NAME", "CREATED"], &rows));
+            }
+        }
+        NsCommand::Rm { name, force } => {
+            ctx.client
+                .delete_namespace(&name, force)
+                .await
+                .with_context(|| format!("cannot delete namespace {name}"))?;
+            println!("deleted namespace {name}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Manage API tokens.
+#[derive(clap::Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Create a token that may act only in namespace NS (needs an admin token). It is
+    /// printed once; the server keeps only its hash.
+    #[command(
+        after_help = "Example:\n  SLESS_TOKEN=$(sless token create team-a) sless -n team-a ls"
+    )]
+    Create {
+        /// Namespace the token is for.
+        ns: String,
+    },
+}
+
+/// Runs `sless token ...`.
+pub async fn token(ctx: &Ctx, command: TokenCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        TokenCommand::Create { ns } => {
+            let token = ctx
+                .client
+                .create_token(&ns)
+                .await
+                .with_context(|| format!("cannot create a token for {ns}"))?;
+            println!("{token}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `sless whoami`.
+pub async fn whoami(ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let who = ctx
+        .client
+        .whoami()
+        .await
+        .context("cannot ask the server who we are")?;
+    print!("{}", describe_whoami(&who, ctx.client.base_url()));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn describe_whoami(who: &Value, server: &str) -> String {
+    let admin = who["admin"].as_bool().unwrap_or(false);
+    let namespaces: Vec<&str> = who["namespaces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let namespaces = if namespaces.is_empty() {
+        "(none)".to_string()
+    } else {
+        namespaces.join(", ")
+    };
+    format!(
+        "server:      {server}\nadmin:       {}\nnamespaces:  {namespaces}\n",
+        if admin { "yes" } else { "no" }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn whoami_reads_well() {
+        let text = describe_whoami(
+            &json!({"admin": true, "namespaces": ["default", "team-a"]}),
+            "http://s",
+        );
+        assert_eq!(
+            text,
+            "server:      http://s\nadmin:       yes\nnamespaces:  default, team-a\n"
+        );
+        let text = describe_whoami(&json!({}), "http://s");
+        assert!(
+            text.contains("admin:       no\nnamespaces:  (none)"),
+            "{text}"
+        );
+    }
+}

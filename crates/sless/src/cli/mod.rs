@@ -1,0 +1,269 @@
+//! The command-line client: global flags, credentials, and the subcommands that talk to a server.
+
+pub mod admin;
+pub mod archive;
+pub mod deploy;
+pub mod functions;
+pub mod table;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use sless_client::{Client, ClientError};
+
+/// Name of the file in the data directory where the server keeps the generated admin token.
+pub const ADMIN_TOKEN_FILE: &str = "admin-token";
+
+/// Flags every client subcommand shares. Each has an environment twin, so a shell can set
+/// them once (`export SLESS_SERVER=...`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct GlobalArgs {
+    /// Base URL of the sless server.
+    #[arg(
+        long,
+        global = true,
+        env = "SLESS_SERVER",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub server: String,
+
+    /// Bearer token for the API. Without it, the admin token the server wrote to
+    /// `<data dir>/admin-token` is used when this user can read it.
+    #[arg(long, global = true, env = "SLESS_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+
+    /// Namespace to work in.
+    #[arg(
+        short = 'n',
+        long,
+        global = true,
+        env = "SLESS_NAMESPACE",
+        default_value = "default"
+    )]
+    pub namespace: String,
+}
+
+/// The per-user data directory: `$SLESS_DATA_DIR`, else `$XDG_DATA_HOME/sless`, else
+/// `$HOME/.local/share/sless`. The server keeps its state there by default and the CLI
+/// looks there for the admin token, so both must agree on this one function.
+pub fn default_data_dir() -> PathBuf {
+    data_dir_from(|key| std::env::var_os(key))
+}
+
+/// [`default_data_dir`] over an injectable environment, so it can be tested without
+/// mutating the process environment.
+fn data_dir_from(env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
+    let non_empty = |key: &str| env(key).filter(|v| !v.is_empty());
+    if let Some(dir) = non_empty("SLESS_DATA_DIR") {
+        return PathBuf::from(dir);
+    }
+    // The XDG spec says relative values are invalid and must be ignored.
+    if let Some(xdg) = non_empty("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+    {
+        return xdg.join("sless");
+    }
+    if let Some(home) = non_empty("HOME") {
+        return PathBuf::from(home).join(".local/share/sless");
+    }
+    // No HOME at all (a bare service environment): keep state next to where we were started.
+    PathBuf::from(".sless")
+}
+
+/// Where the token for a request comes from; kept to explain a `401` to the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// `--token` or `SLESS_TOKEN`.
+    Given(String),
+    /// Read from the admin-token file at this path.
+    File(PathBuf, String),
+    /// No token: nothing given and no file at this path.
+    Missing(PathBuf),
+}
+
+impl TokenSource {
+    /// The token itself, if there is one.
+    pub fn token(&self) -> Option<String> {
+        match self {
+            TokenSource::Given(t) | TokenSource::File(_, t) => Some(t.clone()),
+            TokenSource::Missing(_) => None,
+        }
+    }
+}
+
+/// Picks the token: the explicit one (flag or env, already merged by clap) when non-empty,
+/// else the admin-token file in `data_dir` when it exists.
+pub fn resolve_token(explicit: Option<&str>, data_dir: &Path) -> anyhow::Result<TokenSource> {
+    if let Some(token) = explicit.map(str::trim).filter(|t| !t.is_empty()) {
+        return Ok(TokenSource::Given(token.to_string()));
+    }
+    let path = data_dir.join(ADMIN_TOKEN_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => match text.trim() {
+            "" => Ok(TokenSource::Missing(path)),
+            token => Ok(TokenSource::File(path.clone(), token.to_string())),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TokenSource::Missing(path)),
+        Err(e) => Err(e).with_context(|| {
+            format!(
+                "cannot read the admin token at {} (pass --token or set SLESS_TOKEN)",
+                path.display()
+            )
+        }),
+    }
+}
+
+/// What every client subcommand needs: a connected client and the namespace to act in.
+pub struct Ctx {
+    pub client: Client,
+    pub namespace: String,
+    pub token: TokenSource,
+}
+
+impl Ctx {
+    /// Resolves the token and builds the client from the global flags.
+    pub fn new(global: &GlobalArgs) -> anyhow::Result<Ctx> {
+        let token = resolve_token(global.token.as_deref(), &default_data_dir())?;
+        let client = Client::new(&global.server, token.token())?;
+        Ok(Ctx {
+            client,
+            namespace: global.namespace.clone(),
+            token,
+        })
+    }
+
+    /// Adds a hint to an error when the server refused our credentials, so the user learns
+    /// where the token came from (or that there was none).
+    pub fn explain(&self, err: anyhow::Error) -> anyhow::Error {
+        let unauthorized = err
+            .chain()
+            .any(|e| matches!(e.downcast_ref::<ClientError>(), Some(e) if e.status() == Some(401)));
+        if !unauthorized {
+            return err;
+        }
+        let hint = match &self.token {
+            TokenSource::Given(_) => "the token from --token/SLESS_TOKEN was refused".to_string(),
+            TokenSource::File(path, _) => format!(
+                "the admin token from {} was refused; is it the same server's data dir?",
+                path.display()
+            ),
+            TokenSource::Missing(path) => {
+                format!(
+                    "no token: pass --token, set SLESS_TOKEN, or run as the user whose {} exists",
+                    path.display()
+                )
+            }
+        };
+        err.context(hint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+        let map: HashMap<String, OsString> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
+        move |key| map.get(key).cloned()
+    }
+
+    #[test]
+    fn data_dir_precedence() {
+        let all = [
+            ("SLESS_DATA_DIR", "/srv/sless"),
+            ("XDG_DATA_HOME", "/x"),
+            ("HOME", "/home/u"),
+        ];
+        assert_eq!(data_dir_from(env(&all)), PathBuf::from("/srv/sless"));
+        assert_eq!(data_dir_from(env(&all[1..])), PathBuf::from("/x/sless"));
+        assert_eq!(
+            data_dir_from(env(&all[2..])),
+            PathBuf::from("/home/u/.local/share/sless")
+        );
+        // Empty and relative values are ignored, as unset ones.
+        let odd = [
+            ("SLESS_DATA_DIR", ""),
+            ("XDG_DATA_HOME", "rel"),
+            ("HOME", "/home/u"),
+        ];
+        assert_eq!(
+            data_dir_from(env(&odd)),
+            PathBuf::from("/home/u/.local/share/sless")
+        );
+        assert_eq!(data_dir_from(env(&[])), PathBuf::from(".sless"));
+    }
+
+    #[test]
+    fn explicit_token_wins_over_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join(ADMIN_TOKEN_FILE), "from-file\n").expect("write");
+        assert_eq!(
+            resolve_token(Some("given"), dir.path()).expect("ok"),
+            TokenSource::Given("given".into())
+        );
+    }
+
+    #[test]
+    fn token_file_is_read_and_trimmed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(ADMIN_TOKEN_FILE);
+        std::fs::write(&path, "  abc123\n").expect("write");
+        // An empty flag (SLESS_TOKEN= in the environment) does not hide the file.
+        let source = resolve_token(Some(""), dir.path()).expect("ok");
+        assert_eq!(source, TokenSource::File(path, "abc123".into()));
+        assert_eq!(source.token().as_deref(), Some("abc123"));
+    }
+
+    #[test]
+    fn missing_or_empty_token_file_means_no_token() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(ADMIN_TOKEN_FILE);
+        assert_eq!(
+            resolve_token(None, dir.path()).expect("ok"),
+            TokenSource::Missing(path.clone())
+        );
+        std::fs::write(&path, "\n").expect("write");
+        let source = resolve_token(None, dir.path()).expect("ok");
+        assert_eq!(source.token(), None);
+    }
+
+    #[test]
+    fn unreadable_token_file_is_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // A directory where the file should be cannot be read as text, even by root.
+        std::fs::create_dir(dir.path().join(ADMIN_TOKEN_FILE)).expect("mkdir");
+        let err = resolve_token(None, dir.path()).expect_err("unreadable");
+        assert!(
+            format!("{err:#}").contains("cannot read the admin token"),
+            "{err:#}"
+        );
+    }
+
+    #[test]
+    fn unauthorized_errors_get_a_hint() {
+        let ctx = Ctx {
+            client: Client::new("http://127.0.0.1:1", None).expect("client"),
+            namespace: "default".into(),
+            token: TokenSource::Missing(PathBuf::from("/d/admin-token")),
+        };
+        let err = anyhow::Error::new(ClientError::from_response(
+            401,
+            br#"{"error":{"code":"unauthorized","message":"no token"}}"#,
+        ));
+        let text = format!("{:#}", ctx.explain(err));
+        assert!(text.starts_with("no token: pass --token"), "{text}");
+        assert!(text.contains("no token (HTTP 401 unauthorized)"), "{text}");
+        let other = anyhow::Error::new(ClientError::from_response(404, b""));
+        assert_eq!(
+            format!("{:#}", ctx.explain(other)),
+            "Not Found (HTTP 404 http_404)"
+        );
+    }
+}

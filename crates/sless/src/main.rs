@@ -1,0 +1,144 @@
+//! The `sless` binary: `sless serve` runs the platform; every other subcommand is a client
+//! of its REST API.
+
+mod cli;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use cli::{Ctx, GlobalArgs, admin, deploy, functions};
+
+/// sless — serverless functions on one machine.
+///
+/// Run `sless serve`, then deploy a folder with a handler.py (def handle(event)) or a
+/// handler.js (exports.handle = async (event) => ...) and call it over HTTP.
+#[derive(Parser, Debug)]
+#[command(name = "sless", version, propagate_version = true)]
+#[command(after_help = "Quick start:
+  sless serve &                       # admin token goes to ~/.local/share/sless/admin-token
+  mkdir hello && printf 'def handle(event):\\n    return {\"hi\": event}\\n' > hello/handler.py
+  sless deploy ./hello                # prints the function URL when it is ready
+  sless invoke hello --data '{\"x\": 1}'
+  curl http://127.0.0.1:8080/fn/default/hello
+  sless ls && sless logs hello --tail 20")]
+struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the sless server (API, gateway, controller) in the foreground.
+    Serve(serve::ServeArgs),
+    /// Deploy a folder as a function and wait until it is ready.
+    Deploy(deploy::DeployArgs),
+    /// Call a function with a JSON event and print its answer.
+    Invoke(functions::InvokeArgs),
+    /// List functions with their phase, revision and URL.
+    Ls(functions::LsArgs),
+    /// Show one function's spec and status.
+    Status(functions::StatusArgs),
+    /// Print (or follow) a function's logs.
+    Logs(functions::LogsArgs),
+    /// Delete functions.
+    Rm(functions::RmArgs),
+    /// Create, list and delete namespaces.
+    #[command(subcommand)]
+    Ns(admin::NsCommand),
+    /// Create namespace tokens.
+    #[command(subcommand)]
+    Token(admin::TokenCommand),
+    /// Show what the current token may do.
+    Whoami,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let command = match cli.command {
+        Command::Serve(args) => return serve::run(args).await.map(|()| ExitCode::SUCCESS),
+        other => other,
+    };
+    let ctx = Ctx::new(&cli.global)?;
+    let result = match command {
+        Command::Serve(_) => unreachable!("handled above"),
+        Command::Deploy(args) => deploy::run(&ctx, args).await,
+        Command::Invoke(args) => functions::invoke(&ctx, args).await,
+        Command::Ls(args) => functions::ls(&ctx, args).await,
+        Command::Status(args) => functions::status(&ctx, args).await,
+        Command::Logs(args) => functions::logs(&ctx, args).await,
+        Command::Rm(args) => functions::rm(&ctx, args).await,
+        Command::Ns(command) => admin::ns(&ctx, command).await,
+        Command::Token(command) => admin::token(&ctx, command).await,
+        Command::Whoami => admin::whoami(&ctx).await,
+    };
+    result.map_err(|err| ctx.explain(err))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn global_flags_work_after_the_subcommand() {
+        let cli = Cli::try_parse_from([
+            "sless",
+            "ls",
+            "-n",
+            "team-a",
+            "--server",
+            "http://h:1",
+            "--token",
+            "t",
+        ])
+        .expect("parses");
+        assert_eq!(cli.global.namespace, "team-a");
+        assert_eq!(cli.global.server, "http://h:1");
+        assert_eq!(cli.global.token.as_deref(), Some("t"));
+    }
+
+    #[test]
+    fn subcommands_parse() {
+        let cli = Cli::try_parse_from(["sless", "ns", "rm", "team-a", "--force"]).expect("parses");
+        assert!(matches!(
+            cli.command,
+            Command::Ns(admin::NsCommand::Rm { force: true, .. })
+        ));
+        let cli =
+            Cli::try_parse_from(["sless", "logs", "hello", "-f", "--tail", "5"]).expect("parses");
+        assert!(matches!(
+            cli.command,
+            Command::Logs(functions::LogsArgs {
+                follow: true,
+                tail: Some(5),
+                ..
+            })
+        ));
+        assert!(
+            Cli::try_parse_from(["sless", "rm"]).is_err(),
+            "rm needs a name"
+        );
+    }
+}

@@ -1,0 +1,312 @@
+//! `sless serve`: wires the store, code store, builder, sandbox, executor,
+//! controller, API and gateway into one process, and shuts them down in order.
+//!
+//! Configuration: defaults < environment (`SLESS_*`) < flags.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use sless_api::{AppState, Tokens};
+use sless_blob::{ArchiveLimits, BlobStore, LocalBlobStore};
+use sless_build::{BuildConfig, Builder};
+use sless_controller::Controller;
+use sless_executor::{Executor, ExecutorConfig};
+use sless_logs::LogStore;
+use sless_sandbox::{Sandbox, SandboxConfig};
+use sless_store::{SqliteStore, Store};
+
+const PYTHON_SHIM: &str = include_str!("../../../runtimes/python/sless_runtime.py");
+const NODE_SHIM: &str = include_str!("../../../runtimes/node/sless_runtime.js");
+const MIB: u64 = 1024 * 1024;
+
+/// Run the server: the REST API under /v1, functions under /fn.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "SLESS_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Where metadata, code, builds and logs live [default: $XDG_DATA_HOME/sless or ~/.local/share/sless].
+    #[arg(long, env = "SLESS_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Base URL that function URLs are reported with [default: http://<listen>].
+    #[arg(long, env = "SLESS_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// Python interpreter functions run with.
+    #[arg(long, env = "SLESS_PYTHON", default_value = "/usr/bin/python3")]
+    pub python: PathBuf,
+    /// Node.js binary functions run with.
+    #[arg(long, env = "SLESS_NODE", default_value = "/usr/bin/node")]
+    pub node: PathBuf,
+    /// npm binary used to install Node dependencies.
+    #[arg(long, env = "SLESS_NPM", default_value = "/usr/bin/npm")]
+    pub npm: PathBuf,
+    /// Largest request body a function accepts, in MiB.
+    #[arg(long, env = "SLESS_MAX_BODY_MB", default_value_t = 6)]
+    pub max_body_mb: u64,
+    /// Largest code archive accepted, in MiB (compressed).
+    #[arg(long, env = "SLESS_MAX_ARCHIVE_MB", default_value_t = 64)]
+    pub max_archive_mb: u64,
+    /// Largest code archive accepted, in MiB (unpacked).
+    #[arg(long, env = "SLESS_MAX_UNPACKED_MB", default_value_t = 512)]
+    pub max_unpacked_mb: u64,
+    /// Builds that may run at once.
+    #[arg(long, env = "SLESS_BUILDS", default_value_t = 2)]
+    pub builds: usize,
+    /// Longest a build may take, in seconds.
+    #[arg(long, env = "SLESS_BUILD_TIMEOUT_SEC", default_value_t = 600)]
+    pub build_timeout_sec: u64,
+    /// Longest an instance may take to start and answer its readiness check, in seconds.
+    #[arg(long, env = "SLESS_START_TIMEOUT_SEC", default_value_t = 30)]
+    pub start_timeout_sec: u64,
+    /// Longest a request waits for an instance with room before 503, in seconds.
+    #[arg(long, env = "SLESS_QUEUE_TIMEOUT_SEC", default_value_t = 30)]
+    pub queue_timeout_sec: u64,
+    /// Requests that may wait per function before 503.
+    #[arg(long, env = "SLESS_MAX_QUEUE", default_value_t = 1000)]
+    pub max_queue: usize,
+    /// On SIGTERM, how long in-flight requests may take to finish, in seconds.
+    #[arg(long, env = "SLESS_SHUTDOWN_GRACE_SEC", default_value_t = 30)]
+    pub shutdown_grace_sec: u64,
+    /// Log budget per function, in KiB (older lines are dropped).
+    #[arg(long, env = "SLESS_LOG_BUDGET_KB", default_value_t = 4096)]
+    pub log_budget_kb: u64,
+    /// Unprivileged uid (and gid) that functions and builds run as.
+    #[arg(long, env = "SLESS_SANDBOX_UID", default_value_t = 65534)]
+    pub sandbox_uid: u32,
+}
+
+pub async fn run(args: ServeArgs) -> Result<()> {
+    init_tracing();
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(crate::cli::default_data_dir);
+    for (what, path) in [("python", &args.python), ("node", &args.node)] {
+        if !path.is_file() {
+            bail!(
+                "{what} not found at {} (set --{what} or SLESS_{})",
+                path.display(),
+                what.to_uppercase()
+            );
+        }
+    }
+    create_private_dir(&data_dir)?;
+    let admin_token = admin_token(&data_dir)?;
+
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(&data_dir.join("sless.db"))
+            .await
+            .with_context(|| format!("cannot open the metadata store in {}", data_dir.display()))?,
+    );
+    store.ensure_namespace("default").await?;
+    let blobs: Arc<dyn BlobStore> = Arc::new(
+        LocalBlobStore::new(data_dir.join("blobs")).context("cannot open the code store")?,
+    );
+    let runtime_dir = write_shims(&data_dir.join("runtime"))?;
+
+    let sandbox = Arc::new(
+        Sandbox::new(SandboxConfig {
+            uid: args.sandbox_uid,
+            gid: args.sandbox_uid,
+            ..SandboxConfig::default()
+        })
+        .context("cannot set up the sandbox")?,
+    );
+    let reaped = sandbox.reap_stale();
+    if reaped > 0 {
+        tracing::warn!(
+            processes = reaped,
+            "stopped instances left over by an earlier server"
+        );
+    }
+    let logs = Arc::new(LogStore::new(
+        data_dir.join("logs"),
+        args.log_budget_kb * 1024,
+    )?);
+    let limits = ArchiveLimits {
+        max_compressed: args.max_archive_mb * MIB,
+        max_unpacked: args.max_unpacked_mb * MIB,
+        ..ArchiveLimits::default()
+    };
+    let builder = Arc::new(
+        Builder::new(
+            BuildConfig {
+                builds_dir: data_dir.join("builds"),
+                deps_dir: data_dir.join("deps"),
+                runtime_dir: runtime_dir.clone(),
+                python: args.python.clone(),
+                node: args.node.clone(),
+                npm: args.npm.clone(),
+                max_parallel: args.builds.max(1),
+                timeout: Duration::from_secs(args.build_timeout_sec),
+                limits: limits.clone(),
+                memory_mb: 1024,
+            },
+            sandbox.clone(),
+        )
+        .context("cannot set up the builder")?,
+    );
+    let executor = Executor::new(
+        ExecutorConfig {
+            runtime_dir,
+            run_dir: data_dir.join("run"),
+            python: args.python.clone(),
+            node: args.node.clone(),
+            start_timeout: Duration::from_secs(args.start_timeout_sec),
+            queue_timeout: Duration::from_secs(args.queue_timeout_sec),
+            max_queue: args.max_queue,
+            max_pids: 256,
+            sandbox_uid: args.sandbox_uid,
+            sandbox_gid: args.sandbox_uid,
+        },
+        sandbox.clone(),
+        logs.clone(),
+    )?;
+    let public_url = args
+        .public_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", args.listen));
+    let controller = Controller::new(
+        store.clone(),
+        blobs.clone(),
+        builder,
+        executor.clone(),
+        logs.clone(),
+        public_url.clone(),
+    );
+    let tokens = Arc::new(Tokens::new(&admin_token, store.clone()));
+
+    let api = sless_api::router(AppState {
+        store: store.clone(),
+        blobs,
+        controller: controller.clone(),
+        executor: executor.clone(),
+        logs,
+        tokens: tokens.clone(),
+        archive_limits: limits,
+        max_invoke_body: (args.max_body_mb * MIB) as usize,
+    });
+    let gateway = sless_gateway::router(sless_gateway::Gateway {
+        executor: executor.clone(),
+        authorizer: tokens,
+        max_body: (args.max_body_mb * MIB) as usize,
+    });
+    let app = gateway.merge(api);
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let functions = controller.resync_all().await?;
+    eprintln!(
+        "sless serving on {public_url} (data in {}, {functions} functions)",
+        data_dir.display()
+    );
+
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = stop_rx.wait_for(|stop| *stop).await;
+    });
+    let mut server = tokio::spawn(server.into_future());
+    tokio::select! {
+        result = &mut server => {
+            result.context("server task failed")?.context("server failed")?;
+            return Ok(());
+        }
+        signal = shutdown_signal() => signal?,
+    }
+    let grace = Duration::from_secs(args.shutdown_grace_sec);
+    tracing::info!(
+        "shutting down: finishing in-flight requests (up to {} s)",
+        grace.as_secs()
+    );
+    let _ = stop_tx.send(true);
+    if tokio::time::timeout(grace, &mut server).await.is_err() {
+        tracing::warn!("in-flight requests did not finish within the grace period");
+        server.abort();
+    }
+    executor.shutdown(Duration::from_secs(5)).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLESS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+async fn shutdown_signal() -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+fn create_private_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create data directory {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot restrict data directory {}", dir.display()))?;
+    Ok(())
+}
+
+/// `SLESS_ADMIN_TOKEN`, or the token stored in `<data>/admin-token` (created with
+/// mode 0600 on first start).
+fn admin_token(data_dir: &Path) -> Result<String> {
+    if let Ok(token) = std::env::var("SLESS_ADMIN_TOKEN") {
+        if !token.trim().is_empty() {
+            return Ok(token.trim().to_string());
+        }
+    }
+    let path = data_dir.join("admin-token");
+    match std::fs::read_to_string(&path) {
+        Ok(token) if !token.trim().is_empty() => return Ok(token.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+    let token = sless_api::new_token();
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    file.write_all(format!("{token}\n").as_bytes())?;
+    eprintln!("generated an admin token in {}", path.display());
+    Ok(token)
+}
+
+use std::os::unix::fs::OpenOptionsExt;
+
+/// Writes the language shims that ship inside this binary, readable by the sandbox user.
+fn write_shims(dir: &Path) -> Result<PathBuf> {
+    for (sub, file, text) in [
+        ("python", "sless_runtime.py", PYTHON_SHIM),
+        ("node", "sless_runtime.js", NODE_SHIM),
+    ] {
+        let d = dir.join(sub);
+        std::fs::create_dir_all(&d)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))?;
+        let path = d.join(file);
+        let tmp = d.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, text)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    Ok(dir.to_path_buf())
+}

@@ -1,0 +1,230 @@
+//! Starting and stopping a server, and building function archives.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sless_client::{Client, Function};
+
+pub const TOKEN: &str = "test-admin-token";
+
+/// A running `sless serve` with its own data directory.
+pub struct Server {
+    child: Option<tokio::process::Child>,
+    pub port: u16,
+    pub data_dir: PathBuf,
+    _dir: Option<tempfile::TempDir>,
+    pub client: Client,
+    extra_args: Vec<String>,
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+impl Server {
+    pub async fn start() -> Server {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts a server with extra `sless serve` flags.
+    pub async fn start_with(args: &[&str]) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data_dir = dir.path().join("data");
+        let port = free_port();
+        let mut server = Server {
+            child: None,
+            port,
+            data_dir,
+            _dir: Some(dir),
+            client: Client::new(&format!("http://127.0.0.1:{port}"), Some(TOKEN.into())).expect("client"),
+            extra_args: args.iter().map(|s| s.to_string()).collect(),
+        };
+        server.spawn().await;
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    async fn spawn(&mut self) {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sless"));
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(&self.extra_args)
+            .env("SLESS_ADMIN_TOKEN", TOKEN)
+            .env("SLESS_LOG", "warn")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        let child = cmd.spawn().expect("start sless serve");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let http = reqwest::Client::new();
+        loop {
+            if let Ok(r) = http.get(format!("{}/healthz", self.url())).send().await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("sless serve exited during start: {status}");
+            }
+            assert!(Instant::now() < deadline, "server did not become healthy");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    pub async fn stop(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("server running");
+        let pid = child.id().expect("pid") as i32;
+        // SAFETY-free: `kill` via the command-line tool keeps the tests free of unsafe.
+        let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+        tokio::time::timeout(Duration::from_secs(60), child.wait())
+            .await
+            .expect("server exits after SIGTERM")
+            .expect("wait")
+    }
+
+    /// SIGKILL: the server gets no chance to clean up.
+    pub async fn kill9(&mut self) {
+        let mut child = self.child.take().expect("server running");
+        child.kill().await.expect("kill");
+    }
+
+    pub async fn restart(&mut self) {
+        self.spawn().await;
+    }
+
+    /// Creates (or updates) a function and uploads `files`, then waits until it settles.
+    pub async fn deploy(&self, name: &str, spec: Value, files: &[(&str, &str)]) -> Function {
+        self.deploy_in("default", name, spec, files).await
+    }
+
+    pub async fn deploy_in(&self, ns: &str, name: &str, spec: Value, files: &[(&str, &str)]) -> Function {
+        let mut body = spec.clone();
+        body["name"] = json!(name);
+        match self.client.create_function(ns, &body).await {
+            Ok(_) => {}
+            Err(e) if e.status() == Some(409) => {
+                self.client.patch_function(ns, name, &spec).await.expect("patch");
+            }
+            Err(e) => panic!("create {name}: {e}"),
+        }
+        let up = self.client.upload_code(ns, name, zip(files)).await.expect("upload");
+        self.wait_settled(ns, name, up.revision).await
+    }
+
+    pub async fn wait_settled(&self, ns: &str, name: &str, revision: u64) -> Function {
+        self.client
+            .wait_ready(ns, name, revision, Duration::from_secs(120), |_| {})
+            .await
+            .unwrap_or_else(|e| panic!("{name} did not settle: {e}"))
+    }
+
+    /// Calls `/fn/default/{name}{path}`.
+    pub async fn call(&self, name: &str, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, String, reqwest::header::HeaderMap) {
+        let url = format!("{}/fn/default/{name}{path}", self.url());
+        let mut req = self.client.http().request(method, url);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.expect("request");
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        (status, resp.text().await.expect("body"), headers)
+    }
+
+    pub async fn get(&self, name: &str, path: &str) -> (u16, String) {
+        let (s, b, _) = self.call(name, reqwest::Method::GET, path, None).await;
+        (s, b)
+    }
+
+    /// Waits (polling, bounded) until `cond` holds for the function's log.
+    pub async fn wait_log(&self, name: &str, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let logs = self.client.logs("default", name, Some(1000)).await.expect("logs");
+            if logs.contains(needle) {
+                return logs;
+            }
+            assert!(Instant::now() < deadline, "log of {name} never contained {needle:?}:\n{logs}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            if let Some(pid) = child.id() {
+                let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < deadline {
+                    if matches!(child.try_wait(), Ok(Some(_))) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            let _ = child.start_kill();
+        }
+    }
+}
+
+/// A zip archive of `(path, content)` pairs.
+pub fn zip(files: &[(&str, &str)]) -> Vec<u8> {
+    zip_bytes(&files.iter().map(|(p, c)| (*p, c.as_bytes())).collect::<Vec<_>>())
+}
+
+pub fn zip_bytes(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut out = std::io::Cursor::new(Vec::new());
+    {
+        let mut w = zip::ZipWriter::new(&mut out);
+        let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+        for (path, content) in files {
+            w.start_file(*path, opts).expect("zip entry");
+            w.write_all(content).expect("zip write");
+        }
+        w.finish().expect("zip finish");
+    }
+    out.into_inner()
+}
+
+/// Files of a folder in the repository (examples, fixtures), for deploying them.
+pub fn dir_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files = Vec::new();
+    for entry in walkdir::WalkDir::new(dir).sort_by_file_name() {
+        let entry = entry.expect("walk");
+        if entry.file_type().is_file() {
+            let rel = entry.path().strip_prefix(dir).expect("prefix").to_string_lossy().into_owned();
+            if rel.contains("__pycache__") || rel.contains("node_modules") {
+                continue;
+            }
+            files.push((rel, std::fs::read(entry.path()).expect("read")));
+        }
+    }
+    files
+}
+
+pub fn repo_path(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
+}
+
+/// Deploys a folder of the repository.
+pub async fn deploy_dir(server: &Server, name: &str, spec: Value, dir: &Path) -> Function {
+    let files = dir_files(dir);
+    let refs: Vec<(&str, &[u8])> = files.iter().map(|(p, c)| (p.as_str(), c.as_slice())).collect();
+    let mut body = spec.clone();
+    body["name"] = json!(name);
+    server.client.create_function("default", &body).await.expect("create");
+    let up = server.client.upload_code("default", name, zip_bytes(&refs)).await.expect("upload");
+    server.wait_settled("default", name, up.revision).await
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian machine for sless: installs the system packages it runs
+# functions with (bubblewrap, Python, Node.js, npm), builds the binary and puts
+# it on PATH as /usr/local/bin/sless. Run as root (or with sudo).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+need_apt=()
+command -v bwrap >/dev/null || need_apt+=(bubblewrap)
+command -v setpriv >/dev/null || need_apt+=(util-linux)
+[ -x /usr/bin/python3 ] || need_apt+=(python3)
+/usr/bin/python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
+command -v node >/dev/null || need_apt+=(nodejs)
+command -v npm >/dev/null || need_apt+=(npm)
+command -v zip >/dev/null || need_apt+=(zip)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "==> installing ${need_apt[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+
+echo "==> building sless"
+cargo build --release --locked -p sless
+install -m 0755 target/release/sless /usr/local/bin/sless
+echo "==> installed /usr/local/bin/sless; start it with: sless serve"

@@ -1,0 +1,392 @@
+// Tests for the sless Node.js runtime shim: runs it as a subprocess on a temporary Unix socket.
+//
+// Run with: node --test runtimes/node/
+'use strict';
+
+const { test, describe, before, after } = require('node:test');
+const assert = require('node:assert/strict');
+const { spawn } = require('node:child_process');
+const fs = require('node:fs');
+const http = require('node:http');
+const net = require('node:net');
+const os = require('node:os');
+const path = require('node:path');
+
+const SHIM = path.join(__dirname, 'sless_runtime.js');
+
+function writeTree(root, files) {
+  for (const [name, text] of Object.entries(files)) {
+    const file = path.join(root, name);
+    fs.mkdirSync(path.dirname(file), { recursive: true });
+    fs.writeFileSync(file, text);
+  }
+}
+
+/** One shim process with its own code dir and socket; fd 3 of the child is the ready pipe. */
+class Shim {
+  constructor(files, { entrypoint = 'handler.handle', deps = null, args = [] } = {}) {
+    this.dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sless-node-'));
+    this.code = path.join(this.dir, 'code');
+    this.deps = path.join(this.dir, 'deps');
+    this.socket = path.join(this.dir, 'fn.sock');
+    writeTree(this.code, files);
+    if (deps) writeTree(this.deps, deps);
+    this.stderr = '';
+    this.stdout = '';
+    this.ready = '';
+    this.child = spawn(process.execPath, [SHIM, ...args], {
+      cwd: this.code,
+      env: {
+        ...process.env,
+        SLESS_CODE_DIR: this.code,
+        SLESS_DEPS_DIR: this.deps,
+        SLESS_SOCKET: this.socket,
+        SLESS_ENTRYPOINT: entrypoint,
+        SLESS_CONCURRENCY: '8',
+        SLESS_NAMESPACE: 'team-a',
+        SLESS_FUNCTION: 'hello',
+        SLESS_REVISION: '7',
+        SLESS_READY_FD: '3',
+      },
+      stdio: ['ignore', 'pipe', 'pipe', 'pipe'],
+    });
+    this.child.stdout.on('data', (d) => (this.stdout += d));
+    this.child.stderr.on('data', (d) => (this.stderr += d));
+    this.exited = new Promise((resolve) => this.child.on('exit', (code) => resolve(code)));
+    // Resolves with everything written to fd 3 once the shim closes it (or exits).
+    this.readyClosed = new Promise((resolve) => {
+      this.child.stdio[3].on('data', (d) => (this.ready += d));
+      this.child.stdio[3].on('close', () => resolve(this.ready));
+    });
+    this.agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
+  }
+
+  async waitReady() {
+    const ready = await this.readyClosed;
+    assert.equal(ready, 'ready\n', `shim not ready; stderr:\n${this.stderr}`);
+  }
+
+  request(method, urlPath, body, headers = {}) {
+    return new Promise((resolve, reject) => {
+      const req = http.request(
+        { socketPath: this.socket, method, path: urlPath, headers, agent: this.agent },
+        (res) => {
+          const chunks = [];
+          res.on('data', (c) => chunks.push(c));
+          res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body: Buffer.concat(chunks).toString() }));
+        },
+      );
+      req.on('error', reject);
+      req.end(body);
+    });
+  }
+
+  async invoke(event, headers = {}) {
+    const body = JSON.stringify(event);
+    const res = await this.request('POST', '/_sless/invoke', body, {
+      'content-type': 'application/json',
+      'content-length': Buffer.byteLength(body),
+      'x-sless-request-id': 'req-1',
+      'x-sless-source': 'invoke',
+      ...headers,
+    });
+    return { status: res.status, type: res.headers['content-type'], body: JSON.parse(res.body) };
+  }
+
+  async stop() {
+    this.agent.destroy();
+    if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill('SIGTERM');
+    const code = await this.exited;
+    fs.rmSync(this.dir, { recursive: true, force: true });
+    return code;
+  }
+}
+
+/** Sends raw bytes on a fresh connection and collects `count` responses. */
+function rawExchange(socketPath, payload, count) {
+  return new Promise((resolve, reject) => {
+    const sock = net.connect(socketPath);
+    let buf = Buffer.alloc(0);
+    const responses = [];
+    sock.on('data', (d) => {
+      buf = Buffer.concat([buf, d]);
+      for (;;) {
+        const end = buf.indexOf('\r\n\r\n');
+        if (end < 0) break;
+        const head = buf.subarray(0, end).toString('latin1');
+        const m = /content-length:\s*(\d+)/i.exec(head);
+        const len = m ? Number(m[1]) : 0;
+        if (buf.length < end + 4 + len) break;
+        responses.push({
+          status: Number(head.split(' ')[1]),
+          head,
+          body: buf.subarray(end + 4, end + 4 + len).toString(),
+        });
+        buf = buf.subarray(end + 4 + len);
+      }
+      if (responses.length >= count) {
+        sock.end();
+        resolve(responses);
+      }
+    });
+    sock.on('error', reject);
+    sock.write(payload);
+  });
+}
+
+function invokeRequest(event) {
+  const body = JSON.stringify(event);
+  return `POST /_sless/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
+}
+
+const HANDLER = `
+exports.handle = async (event, context) => {
+  switch (event && event.kind) {
+    case 'dict': return { a: 1, nested: { b: [1, 2] } };
+    case 'list': return [1, 'two', null];
+    case 'str': return 'hello';
+    case 'num': return 42;
+    case 'none': return undefined;
+    case 'null': return null;
+    case 'buffer': return Buffer.from('café');
+    case 'bigint': return 10n;
+    case 'fn': return () => 1;
+    case 'raise': throw new Error('boom: ' + event.n);
+    case 'raise-string': throw 'plain string';
+    case 'reject': return Promise.reject(new TypeError('rejected'));
+    case 'sleep': await new Promise((r) => setTimeout(r, event.ms)); return 'slept';
+    case 'context': return {
+      request_id: context.request_id, source: context.source, function_name: context.function_name,
+      namespace: context.namespace, revision: context.revision, deadline_ms: context.deadline_ms,
+      remaining_ms: context.remaining_ms(),
+    };
+    default: return event;
+  }
+};
+exports.syncHandle = (event) => ({ sync: event });
+exports.notAFunction = 5;
+`;
+
+describe('running shim', () => {
+  let shim;
+  before(async () => {
+    shim = new Shim({ 'handler.js': HANDLER });
+    await shim.waitReady();
+  });
+  after(async () => {
+    assert.equal(await shim.stop(), 0);
+  });
+
+  test('ready endpoint answers ok', async () => {
+    const res = await shim.request('GET', '/_sless/ready');
+    assert.deepEqual([res.status, res.body], [200, 'ok']);
+  });
+
+  test('results are JSON', async () => {
+    const cases = {
+      dict: { a: 1, nested: { b: [1, 2] } },
+      list: [1, 'two', null],
+      str: 'hello',
+      num: 42,
+      none: null,
+      null: null,
+      buffer: 'café',
+    };
+    for (const [kind, expected] of Object.entries(cases)) {
+      const res = await shim.invoke({ kind });
+      assert.equal(res.status, 200, kind);
+      assert.equal(res.type, 'application/json');
+      assert.deepEqual(res.body, expected, kind);
+    }
+  });
+
+  test('unserializable results are errors', async () => {
+    const big = await shim.invoke({ kind: 'bigint' });
+    assert.equal(big.status, 500);
+    assert.match(big.body.error, /^result is not JSON serializable: /);
+    assert.deepEqual(await shim.invoke({ kind: 'fn' }), {
+      status: 500,
+      type: 'application/json',
+      body: { error: 'result is not JSON serializable: function' },
+    });
+  });
+
+  test('throw and rejection are 500 and the instance keeps serving', async () => {
+    assert.deepEqual((await shim.invoke({ kind: 'raise', n: 3 })).body, { error: 'boom: 3' });
+    assert.equal((await shim.invoke({ kind: 'raise', n: 3 })).status, 500);
+    assert.deepEqual(await shim.invoke({ kind: 'reject' }), {
+      status: 500,
+      type: 'application/json',
+      body: { error: 'rejected' },
+    });
+    assert.deepEqual((await shim.invoke({ kind: 'raise-string' })).body, { error: 'plain string' });
+    assert.match(shim.stderr, /Error: boom: 3\n\s+at /);
+    assert.deepEqual((await shim.invoke({ kind: 'num' })).body, 42);
+  });
+
+  test('context carries identity and deadline', async () => {
+    const deadline = Date.now() + 60_000;
+    const res = await shim.invoke(
+      { kind: 'context' },
+      { 'x-sless-request-id': 'r-42', 'x-sless-source': 'cron', 'x-sless-deadline-ms': String(deadline) },
+    );
+    const { remaining_ms: remaining, ...rest } = res.body;
+    assert.deepEqual(rest, {
+      request_id: 'r-42',
+      source: 'cron',
+      function_name: 'hello',
+      namespace: 'team-a',
+      revision: '7',
+      deadline_ms: deadline,
+    });
+    assert.ok(remaining > 50_000 && remaining <= 60_000, String(remaining));
+    const none = await shim.invoke({ kind: 'context' });
+    assert.deepEqual([none.body.deadline_ms, none.body.remaining_ms], [null, null]);
+  });
+
+  test('async handlers run concurrently', async () => {
+    const started = Date.now();
+    const results = await Promise.all(Array.from({ length: 10 }, () => shim.invoke({ kind: 'sleep', ms: 500 })));
+    assert.deepEqual(results.map((r) => r.body), Array(10).fill('slept'));
+    // Serially this takes 5 s.
+    assert.ok(Date.now() - started < 2500);
+  });
+
+  test('keep-alive serves several requests on one connection', async () => {
+    let payload = '';
+    for (let n = 0; n < 5; n++) payload += invokeRequest({ kind: 'echo', n });
+    const responses = await rawExchange(shim.socket, payload, 5);
+    assert.deepEqual(
+      responses.map((r) => [r.status, JSON.parse(r.body)]),
+      [0, 1, 2, 3, 4].map((n) => [200, { kind: 'echo', n }]),
+    );
+    assert.doesNotMatch(responses[4].head, /connection: close/i);
+  });
+
+  test('pipelined requests are answered in order', async () => {
+    const responses = await rawExchange(
+      shim.socket,
+      invokeRequest({ kind: 'sleep', ms: 200 }) + invokeRequest({ kind: 'echo', n: 2 }),
+      2,
+    );
+    assert.deepEqual(
+      responses.map((r) => JSON.parse(r.body)),
+      ['slept', { kind: 'echo', n: 2 }],
+    );
+  });
+
+  test('a 1 MiB body round-trips', async () => {
+    const event = { kind: 'echo', data: 'x'.repeat(1024 * 1024) };
+    const res = await shim.invoke(event);
+    assert.equal(res.status, 200);
+    assert.deepEqual(res.body, event);
+  });
+
+  test('invalid JSON is 400, unknown path 404, wrong method 405', async () => {
+    const bad = await shim.request('POST', '/_sless/invoke', '{nope', { 'content-length': 5 });
+    assert.equal(bad.status, 400);
+    assert.match(JSON.parse(bad.body).error, /^invalid JSON event/);
+    assert.equal((await shim.request('GET', '/elsewhere')).status, 404);
+    assert.equal((await shim.request('GET', '/_sless/invoke')).status, 405);
+  });
+});
+
+describe('loading', () => {
+  async function runToExit(files, opts) {
+    const shim = new Shim(files, opts);
+    const code = await shim.exited;
+    const ready = await shim.readyClosed;
+    await shim.stop();
+    return { code, stderr: shim.stderr, ready };
+  }
+
+  test('missing module exits 3 naming it', async () => {
+    const r = await runToExit({ 'other.js': 'exports.handle = () => 1;' });
+    assert.equal(r.code, 3);
+    assert.equal(r.ready, '');
+    assert.match(r.stderr, /sless: entrypoint module "handler" not found \(no handler\.js\)/);
+  });
+
+  test('missing function exits 3 naming it', async () => {
+    const r = await runToExit({ 'handler.js': 'exports.other = () => 1;' });
+    assert.equal(r.code, 3);
+    assert.match(r.stderr, /sless: entrypoint function "handle" not found in module "handler"/);
+  });
+
+  test('non-function export exits 3', async () => {
+    const r = await runToExit({ 'handler.js': HANDLER }, { entrypoint: 'handler.notAFunction' });
+    assert.equal(r.code, 3);
+    assert.match(r.stderr, /entrypoint "handler.notAFunction" is not callable \(it is a number\)/);
+  });
+
+  test('exception at load time exits 3 with stack', async () => {
+    const r = await runToExit({ 'handler.js': "throw new Error('bad config');" });
+    assert.equal(r.code, 3);
+    assert.match(r.stderr, /handler\.js:1/);
+    assert.match(r.stderr, /sless: entrypoint module "handler" failed to import: Error: bad config/);
+  });
+
+  test('a missing dependency is an import failure, not a missing entrypoint', async () => {
+    const r = await runToExit({ 'handler.js': "require('not-installed-anywhere');" });
+    assert.equal(r.code, 3);
+    assert.match(r.stderr, /failed to import: Error: Cannot find module 'not-installed-anywhere'/);
+    assert.doesNotMatch(r.stderr, /not found \(no/);
+  });
+
+  test('--check succeeds silently', async () => {
+    const r = await runToExit({ 'handler.js': HANDLER }, { args: ['--check'] });
+    assert.deepEqual([r.code, r.stderr, r.ready], [0, '', '']);
+  });
+
+  test('--check fails like startup', async () => {
+    const r = await runToExit({ 'handler.js': 'exports.x = 1;' }, { args: ['--check'] });
+    assert.equal(r.code, 3);
+    assert.match(r.stderr, /entrypoint function "handle" not found in module "handler"/);
+  });
+
+  test('modules resolve from <deps>/node_modules; sync handlers and nested paths work', async () => {
+    const shim = new Shim(
+      { 'lib/api.js': "const h = require('helper'); exports.run = (e) => h.shout(e);" },
+      { entrypoint: 'lib/api.run', deps: { 'node_modules/helper/index.js': 'exports.shout = (s) => s.toUpperCase();' } },
+    );
+    try {
+      await shim.waitReady();
+      assert.deepEqual((await shim.invoke('hi')).body, 'HI');
+    } finally {
+      await shim.stop();
+    }
+  });
+
+  test('ES module handlers are imported', async () => {
+    const shim = new Shim({ 'handler.mjs': 'export async function handle(e) { return { esm: e }; }' });
+    try {
+      await shim.waitReady();
+      assert.deepEqual((await shim.invoke(1)).body, { esm: 1 });
+    } finally {
+      await shim.stop();
+    }
+  });
+});
+
+describe('shutdown', () => {
+  test('SIGTERM lets the in-flight request finish, then exits 0', async () => {
+    const shim = new Shim({
+      'handler.js': `exports.handle = async () => {
+        console.log('started');
+        await new Promise((r) => setTimeout(r, 500));
+        return 'done';
+      };`,
+    });
+    await shim.waitReady();
+    const pending = shim.invoke({});
+    await new Promise((resolve) => {
+      const check = () => (shim.stdout.includes('started\n') ? resolve() : shim.child.stdout.once('data', check));
+      check();
+    });
+    shim.child.kill('SIGTERM');
+    assert.deepEqual((await pending).body, 'done');
+    assert.equal(await shim.exited, 0);
+    assert.equal(fs.existsSync(shim.socket), false);
+    await shim.stop();
+  });
+});
