@@ -81,7 +81,9 @@ async function loadEntrypoint(spec, codeDir) {
     try {
       mod = require(resolved);
     } catch (err) {
-      if (!err || err.code !== 'ERR_REQUIRE_ESM') throw err;
+      // An ES module: Node before 20.19 refuses to require it at all, later ones only when it
+      // uses top-level await.
+      if (!err || (err.code !== 'ERR_REQUIRE_ESM' && err.code !== 'ERR_REQUIRE_ASYNC_MODULE')) throw err;
       mod = await import(pathToFileURL(resolved).href);
     }
   } catch (err) {
@@ -254,7 +256,7 @@ function envInt(name, fallback) {
 function removeStaleSocket(socketPath) {
   let st;
   try {
-    st = fs.statSync(socketPath);
+    st = fs.lstatSync(socketPath);
   } catch {
     return;
   }

@@ -22,6 +22,20 @@ function writeTree(root, files) {
   }
 }
 
+// Shims still running. If the test run dies early (interrupted, or its output pipe closed),
+// they die with it instead of lingering.
+const live = new Set();
+function reapShims() {
+  for (const child of live) child.kill('SIGKILL');
+}
+process.on('exit', reapShims);
+for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
+  process.once(sig, () => {
+    reapShims();
+    process.kill(process.pid, sig);
+  });
+}
+
 /** One shim process with its own code dir and socket; fd 3 of the child is the ready pipe. */
 class Shim {
   constructor(files, { entrypoint = 'handler.handle', deps = null, args = [] } = {}) {
@@ -53,6 +67,8 @@ class Shim {
     this.child.stdout.on('data', (d) => (this.stdout += d));
     this.child.stderr.on('data', (d) => (this.stderr += d));
     this.exited = new Promise((resolve) => this.child.on('exit', (code) => resolve(code)));
+    live.add(this.child);
+    this.exited.then(() => live.delete(this.child));
     // Resolves with everything written to fd 3 once the shim closes it (or exits).
     this.readyClosed = new Promise((resolve) => {
       this.child.stdio[3].on('data', (d) => (this.ready += d));
@@ -358,7 +374,7 @@ describe('loading', () => {
   });
 
   test('ES module handlers are imported', async () => {
-    const shim = new Shim({ 'handler.mjs': 'export async function handle(e) { return { esm: e }; }' });
+    const shim = new Shim({ 'handler.mjs': 'await Promise.resolve();\nexport async function handle(e) { return { esm: e }; }' });
     try {
       await shim.waitReady();
       assert.deepEqual((await shim.invoke(1)).body, { esm: 1 });

@@ -12,8 +12,8 @@ chosen by the kind of handler, because each is the fast one for its kind:
 - ``async def`` handlers: an ``asyncio.Protocol`` server; handlers run on its event loop.
 - plain functions: one thread per connection, the handler called in that thread, at most
   ``SLESS_CONCURRENCY`` at once. Handing each request from an event loop to a worker pool and
-  back costs several thread switches under the GIL; this design has none and serves about three
-  times the requests per CPU second (figures in runtimes/README.md).
+  back costs about five context switches under the GIL; this design needs about one and spends
+  half the CPU per request (figures in runtimes/README.md).
 
 ``python3 sless_runtime.py --check`` only loads the entrypoint; the builder uses it to validate a
 build. ``SLESS_CODE_DIR`` and ``SLESS_DEPS_DIR`` override ``/code`` and ``/deps`` so the shim can

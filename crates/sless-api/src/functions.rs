@@ -24,7 +24,17 @@ fn time(t: chrono::DateTime<Utc>) -> String {
 /// The wire shape of a function, with live instance counts and crash reports.
 fn function_json(s: &AppState, r: &FunctionRecord) -> Value {
     let mut status: FunctionStatus = r.status.clone();
-    status.revision = status.revision.max(r.revision);
+    if status.revision < r.revision {
+        // The controller has not picked up the latest revision yet: its phase is
+        // not known, and the status of an older one must not pass for it.
+        status = FunctionStatus {
+            phase: Phase::Pending,
+            message: format!("revision {} is queued", r.revision),
+            revision: r.revision,
+            last_built_at: status.last_built_at,
+            ..Default::default()
+        };
+    }
     status.instances = s.executor.counts(&r.namespace, &r.name);
     status.url = s.controller.url(&r.namespace, &r.name);
     if status.phase == Phase::Ready {
@@ -74,7 +84,8 @@ pub async fn create(
     if !fields.contains_key("runtime") {
         return Err(ApiError::bad("runtime: required (python3, nodejs, go or custom)"));
     }
-    let mut spec: FunctionSpec = serde_json::from_value(Value::Object(fields)).map_err(|e| ApiError::bad(spec_error(e)))?;
+    let mut spec: FunctionSpec =
+        serde_path_to_error::deserialize(Value::Object(fields)).map_err(|e| ApiError::bad(spec_error(e)))?;
     let runtime = spec.validate()?;
     if matches!(runtime.family, sless_core::RuntimeFamily::Go | sless_core::RuntimeFamily::Custom) {
         return Err(ApiError::bad(format!(
@@ -103,13 +114,13 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(function_json(&s, &record))).into_response())
 }
 
-/// serde's messages already name the field (`unknown field `x``, `invalid type: ... for memory_mb`).
-fn spec_error(e: serde_json::Error) -> String {
-    let text = e.to_string();
-    match text.split_once(" at line") {
-        Some((head, _)) => head.to_string(),
-        None => text,
-    }
+/// Names the offending field: `memory_mb: invalid type: string "lots", expected u32`.
+/// (An unknown field sits at the top level, and serde's message names it.)
+pub(crate) fn spec_error(e: serde_path_to_error::Error<serde_json::Error>) -> String {
+    let path = e.path().to_string();
+    let inner = e.into_inner().to_string();
+    let inner = inner.split_once(" at line").map(|(head, _)| head.to_string()).unwrap_or(inner);
+    if path.is_empty() || path == "." { inner } else { format!("{path}: {inner}") }
 }
 
 pub async fn get(
@@ -198,7 +209,7 @@ pub async fn upload_code(
         }
         found.ok_or_else(|| ApiError::bad("code: multipart field 'code' with the zip archive is required"))?
     } else if content_type.starts_with("application/zip") || content_type.starts_with("application/x-zip-compressed") {
-        read_limited(req, &(), limit).await?
+        read_limited(req, limit).await?
     } else {
         return Err(ApiError::UnsupportedMediaType(format!(
             "expected Content-Type: application/zip (or multipart/form-data with field 'code'), got {:?}",
@@ -301,7 +312,7 @@ pub async fn invoke(
     req: Request,
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
-    let body = read_limited(req, &(), s.max_invoke_body).await?;
+    let body = read_limited(req, s.max_invoke_body).await?;
     let event = if body.iter().all(u8::is_ascii_whitespace) {
         Bytes::from_static(b"null")
     } else {

@@ -91,7 +91,7 @@ pub struct JsonBody(pub Value);
 impl<S: Send + Sync> FromRequest<S> for JsonBody {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
         let content_type = req
             .headers()
             .get(header::CONTENT_TYPE)
@@ -104,25 +104,17 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
                 if content_type.is_empty() { "nothing" } else { &content_type }
             )));
         }
-        let bytes = read_limited(req, state, MAX_JSON).await?;
+        let bytes = read_limited(req, MAX_JSON).await?;
         let value = serde_json::from_slice(&bytes).map_err(|e| ApiError::bad(format!("body is not valid JSON: {e}")))?;
         Ok(JsonBody(value))
     }
 }
 
 /// Reads a whole body, refusing it with `413` past `limit` bytes.
-pub(crate) async fn read_limited<S: Send + Sync>(req: Request, state: &S, limit: usize) -> Result<Bytes, ApiError> {
-    let too_large = || ApiError::TooLarge(format!("request body is larger than the limit of {limit} bytes"));
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
-    }
-    let req = req.map(|b| axum::body::Body::new(http_body_util::Limited::new(b, limit)));
-    Bytes::from_request(req, state).await.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE { too_large() } else { ApiError::bad(format!("could not read the body: {e}")) }
+pub(crate) async fn read_limited(req: Request, limit: usize) -> Result<Bytes, ApiError> {
+    let (parts, body) = req.into_parts();
+    sless_gateway::read_body(&parts.headers, body, limit).await.map_err(|e| match e {
+        sless_gateway::BodyError::TooLarge(_) => ApiError::TooLarge(e.to_string()),
+        sless_gateway::BodyError::Unreadable => ApiError::bad(e.to_string()),
     })
 }

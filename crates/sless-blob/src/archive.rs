@@ -816,4 +816,53 @@ mod tests {
             Err(ArchiveError::UnsafePath(_))
         ));
     }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn name() -> impl Strategy<Value = String> {
+            let seg = prop_oneof![
+                Just(".."),
+                Just("."),
+                Just(""),
+                Just("a"),
+                Just("b"),
+                Just("/"),
+                Just("\\")
+            ];
+            proptest::collection::vec(seg, 1..6).prop_map(|s| s.join("/"))
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(128))]
+
+            /// Whatever passes inspection is extracted entirely inside `dest`.
+            #[test]
+            fn accepted_archives_stay_inside(names in proptest::collection::btree_set(name(), 1..6)) {
+                let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
+                let opts = SimpleFileOptions::default();
+                for n in &names {
+                    w.start_file(n.as_str(), opts).unwrap();
+                    w.write_all(n.as_bytes()).unwrap();
+                }
+                let bytes = w.finish().unwrap().into_inner();
+                let base = tempfile::tempdir().unwrap();
+                let dest = base.path().join("x/dest");
+                if let Ok(info) = inspect_zip(&bytes, &limits()) {
+                    let extracted = extract_zip(&bytes, &dest, &limits());
+                    let files: Vec<_> = walkdir::WalkDir::new(base.path())
+                        .into_iter()
+                        .map(|e| e.unwrap())
+                        .filter(|e| !e.file_type().is_dir())
+                        .map(|e| e.into_path())
+                        .collect();
+                    prop_assert!(files.iter().all(|f| f.starts_with(&dest)), "{files:?}");
+                    if extracted.is_ok() {
+                        prop_assert_eq!(files.len(), info.files);
+                    }
+                }
+            }
+        }
+    }
 }

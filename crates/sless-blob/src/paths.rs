@@ -197,4 +197,89 @@ mod tests {
         assert_eq!(resolve_link(&l, &["sneaky"]), Err(PathProblem::Leaves));
         assert_eq!(resolve_link(&l, &["loop1"]), Err(PathProblem::Loop));
     }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+        use std::path::Path;
+
+        fn segment() -> impl Strategy<Value = &'static str> {
+            prop_oneof![
+                Just(".."),
+                Just("."),
+                Just(""),
+                Just("a"),
+                Just("b"),
+                Just("c"),
+                Just("l1"),
+                Just("C:"),
+                Just("x\\y")
+            ]
+        }
+
+        /// Steps that walk between the links of the test tree, so chains of
+        /// links through `..` come up often.
+        fn link_segment() -> impl Strategy<Value = &'static str> {
+            prop_oneof![
+                3 => Just(".."),
+                1 => Just("."),
+                1 => Just("a"),
+                1 => Just("b"),
+                1 => Just("c"),
+                2 => Just("l1"),
+                2 => Just("l2"),
+                2 => Just("l3"),
+                2 => Just("l4"),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(300))]
+
+            #[test]
+            fn accepted_names_are_plain_and_relative(segs in proptest::collection::vec(segment(), 0..8), lead in any::<bool>()) {
+                let name = format!("{}{}", if lead { "/" } else { "" }, segs.join("/"));
+                if let Ok(parts) = entry_components(&name) {
+                    prop_assert!(!name.starts_with('/'));
+                    prop_assert!(!name.split('/').any(|p| p == ".."));
+                    prop_assert!(parts.iter().all(|p| !p.is_empty() && *p != "." && !p.contains('\\')));
+                }
+            }
+
+            /// Whatever `resolve_link` accepts, the kernel resolves to the same
+            /// place inside the root, on a real tree whose surroundings hold the
+            /// same names (so an escape would land on something that exists).
+            #[test]
+            fn accepted_links_resolve_where_the_kernel_does(
+                targets in proptest::collection::vec(proptest::collection::vec(link_segment(), 1..5), 4)
+            ) {
+                let base = tempfile::tempdir().unwrap();
+                let root = base.path().join("root");
+                for dir in ["a/b", "c", "root/a/b", "root/c"] {
+                    std::fs::create_dir_all(base.path().join(dir)).unwrap();
+                }
+                let places = ["l1", "a/l2", "a/b/l3", "l4"];
+                let mut links = HashMap::new();
+                for (place, target) in places.iter().zip(&targets) {
+                    let target = target.join("/");
+                    if std::os::unix::fs::symlink(&target, root.join(place)).is_ok() {
+                        links.insert(place.to_string(), target);
+                    }
+                }
+                let real_root = root.canonicalize().unwrap();
+                for place in places {
+                    if !links.contains_key(place) {
+                        continue;
+                    }
+                    let parts: Vec<&str> = place.split('/').collect();
+                    if let Ok(resolved) = resolve_link(&links, &parts) {
+                        if let Ok(real) = root.join(place).canonicalize() {
+                            prop_assert!(real.starts_with(&real_root), "{place} -> {real:?}");
+                            prop_assert_eq!(real, real_root.join(Path::new(&resolved.join("/"))));
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

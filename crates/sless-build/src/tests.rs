@@ -52,21 +52,28 @@ struct TestEnv {
 
 impl TestEnv {
     fn new(timeout: Duration) -> TestEnv {
+        TestEnv::with_runtime(timeout, None)
+    }
+
+    /// `runtime`: the shims to check with; `None` writes the stand-ins.
+    fn with_runtime(timeout: Duration, runtime: Option<PathBuf>) -> TestEnv {
         let dir = tempfile::tempdir().unwrap();
-        let runtime = dir.path().join("runtime");
-        std::fs::create_dir_all(runtime.join("python")).unwrap();
-        std::fs::create_dir_all(runtime.join("node")).unwrap();
-        std::fs::write(runtime.join("python/sless_runtime.py"), PY_SHIM).unwrap();
-        std::fs::write(runtime.join("node/sless_runtime.js"), NODE_SHIM).unwrap();
+        let stand_in = dir.path().join("runtime");
+        for shim in ["python", "node"] {
+            std::fs::create_dir_all(stand_in.join(shim)).unwrap();
+        }
+        std::fs::write(stand_in.join("python/sless_runtime.py"), PY_SHIM).unwrap();
+        std::fs::write(stand_in.join("node/sless_runtime.js"), NODE_SHIM).unwrap();
         // The sandbox user must be able to reach the shims through the mount.
         for d in [
             dir.path(),
-            &runtime,
-            &runtime.join("python"),
-            &runtime.join("node"),
+            &stand_in,
+            &stand_in.join("python"),
+            &stand_in.join("node"),
         ] {
             std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
+        let runtime = runtime.unwrap_or(stand_in);
         let sandbox = Sandbox::new(SandboxConfig {
             cgroup_name: "sless-build-test".into(),
             ..SandboxConfig::default()
@@ -541,5 +548,65 @@ async fn a_build_whose_deps_vanished_is_built_again() {
             .unwrap()
             .join("tinylib/__init__.py")
             .is_file()
+    );
+}
+
+/// The shims of this repository (`runtimes/`) give the same check results as
+/// the stand-ins: the contract of the instance protocol holds end to end.
+#[tokio::test]
+async fn the_repository_shims_check_entrypoints() {
+    let runtimes = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../runtimes")
+        .canonicalize()
+        .unwrap();
+    let env = TestEnv::with_runtime(Duration::from_secs(120), Some(runtimes));
+    let lines = Lines::default();
+
+    let ok = zip_of(&[("handler.py", b"def handle(event):\n    return event\n")]);
+    env.builder
+        .build(request(RuntimeFamily::Python3, ok, &lines))
+        .await
+        .unwrap();
+    let missing = zip_of(&[("other.py", b"")]);
+    let message = failed_message(
+        env.builder
+            .build(request(RuntimeFamily::Python3, missing, &lines))
+            .await,
+    );
+    assert!(
+        message.starts_with(r#"entrypoint module "handler" not found (no handler.py)"#),
+        "{message}"
+    );
+
+    let wheel = fixture(WHEEL);
+    let requirements = format!("./vendor/{WHEEL}\n");
+    let wheel_path = format!("vendor/{WHEEL}");
+    let with_deps = zip_of(&[
+        (
+            "handler.py",
+            b"import tinylib\ndef handle(e):\n    return tinylib.greet(e)\n",
+        ),
+        ("requirements.txt", requirements.as_bytes()),
+        (&wheel_path, &wheel),
+    ]);
+    env.builder
+        .build(request(RuntimeFamily::Python3, with_deps, &lines))
+        .await
+        .unwrap();
+
+    let ok = zip_of(&[("handler.js", b"exports.handle = async (e) => e;\n")]);
+    env.builder
+        .build(request(RuntimeFamily::Nodejs, ok, &lines))
+        .await
+        .unwrap();
+    let no_fn = zip_of(&[("handler.js", b"exports.other = 1;\n")]);
+    let message = failed_message(
+        env.builder
+            .build(request(RuntimeFamily::Nodejs, no_fn, &lines))
+            .await,
+    );
+    assert!(
+        message.starts_with(r#"entrypoint function "handle" not found in module "handler""#),
+        "{message}"
     );
 }

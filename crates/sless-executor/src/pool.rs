@@ -112,7 +112,7 @@ impl Pool {
             }
             // Paused or scale-to-zero revisions need no instance up front.
             if d.paused || d.min_instances == 0 {
-                self.switch(&mut st, d.clone());
+                self.switch(&mut st, d.clone(), Vec::new());
                 return Ok(());
             }
         }
@@ -147,18 +147,16 @@ impl Pool {
             }
             return Err(DeployError::Cancelled);
         }
-        self.switch(&mut st, d);
-        for instance in fresh {
-            self.watch(&instance);
-            st.instances.push(instance);
+        for instance in &fresh {
+            self.watch(instance);
         }
-        drop(st);
-        self.notify.notify_waiters();
+        self.switch(&mut st, d, fresh);
         Ok(())
     }
 
-    /// Makes `d` current: old instances drain, and the minimum is topped up.
-    fn switch(&self, st: &mut State, d: Arc<Deployment>) {
+    /// Makes `d` current with the `fresh` instances already started for it: old
+    /// instances drain, and the minimum is topped up.
+    fn switch(&self, st: &mut State, d: Arc<Deployment>, fresh: Vec<Arc<Instance>>) {
         let revision_changed = st.deployment.revision != d.revision || st.deployment.code_dir != d.code_dir;
         let same_instances_fit = !revision_changed && *st.deployment == *d;
         st.deployment = d;
@@ -170,6 +168,7 @@ impl Pool {
             st.last_error = None;
             st.failures = 0;
         }
+        st.instances.extend(fresh);
         self.ensure_min(st);
         self.notify.notify_waiters();
     }

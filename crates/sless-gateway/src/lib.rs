@@ -5,6 +5,7 @@
 //! Invariant: nothing here touches the metadata store. Private functions are
 //! checked through the [`Authorizer`] seam, which caches.
 
+mod body;
 mod event;
 mod response;
 
@@ -17,9 +18,9 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
-use http_body_util::BodyExt;
 use sless_executor::{Executor, InvokeError, InvokeRequest};
 
+pub use body::{BodyError, read_body};
 pub use response::{error_response, invoke_error_response, result_response};
 
 /// Decides whether a bearer token may call a private function of a namespace.
@@ -98,25 +99,10 @@ async fn serve(gw: &Gateway, ns: &str, name: &str, path: String, req: Request, r
     }
 
     let (parts, body) = req.into_parts();
-    let declared = parts
-        .headers
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let too_large = || {
-        error_response(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            &format!("request body is larger than the limit of {} bytes", gw.max_body),
-        )
-    };
-    if declared.is_some_and(|n| n > gw.max_body as u64) {
-        return too_large();
-    }
-    let body = match http_body_util::Limited::new(body, gw.max_body).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return too_large(),
-        Err(_) => return error_response(StatusCode::BAD_REQUEST, "bad_request", "could not read the request body"),
+    let body = match read_body(&parts.headers, body, gw.max_body).await {
+        Ok(body) => body,
+        Err(e @ BodyError::TooLarge(_)) => return error_response(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", &e.to_string()),
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, "bad_request", &e.to_string()),
     };
 
     let is_head = parts.method == Method::HEAD;

@@ -16,7 +16,9 @@ const ROOT_ENTRIES: &[&str] = &["bin", "sbin", "lib", "lib32", "lib64", "libx32"
 /// The files of `/etc` a sandboxed process may see: name resolution, TLS roots, time zone,
 /// user names, the dynamic loader cache, MIME types. Everything else in `/etc` (credentials,
 /// host configuration) stays out. Build steps that need more (e.g. `pip.conf`) pass it as a
-/// mount in their [`ProcessSpec`].
+/// mount in their [`ProcessSpec`]. Each entry is a mount bwrap sets up on every start
+/// (~0.2 ms each), so the list stays short: `ld.so.conf*` are left out, only `ldconfig`
+/// reads them.
 const ETC_ENTRIES: &[&str] = &[
     "resolv.conf",
     "hosts",
@@ -30,8 +32,6 @@ const ETC_ENTRIES: &[&str] = &[
     "group",
     "mime.types",
     "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
     "alternatives",
     "os-release",
 ];

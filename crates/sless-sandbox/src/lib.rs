@@ -281,6 +281,7 @@ impl Sandbox {
     /// that lives as long as the process, because the parent-death signal that ties
     /// instances to the server fires when the *forking thread* exits.
     pub fn spawn(&self, spec: &ProcessSpec) -> Result<Child, SandboxError> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| SandboxError::NoRuntime)?;
         bwrap::validate(spec).map_err(|reason| SandboxError::InvalidSpec {
             id: spec.id.clone(),
             reason,
@@ -291,6 +292,7 @@ impl Sandbox {
             None => None,
         };
         let result = process::spawn(
+            handle,
             &self.cfg.bwrap,
             argv,
             &spec.id,
@@ -406,6 +408,18 @@ impl Sandbox {
             .as_ref()
             .map(|h| h.parents(&self.cfg.cgroup_name))
             .unwrap_or_default()
+    }
+}
+
+impl Drop for Sandbox {
+    /// Removes the `<cgroup_name>` parent cgroups if no instance is left in them (the kernel
+    /// refuses to remove a cgroup with children, so live instances are safe).
+    fn drop(&mut self) {
+        if let Some(hierarchy) = &self.hierarchy {
+            for dir in hierarchy.parents(&self.cfg.cgroup_name) {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
     }
 }
 

@@ -472,6 +472,11 @@ async fn reap_stale_kills_what_a_crashed_run_left() {
     // What a SIGKILLed server leaves: no Drop ran, the cgroup and its processes remain.
     std::mem::forget(child);
 
+    // The crashed run's Sandbox is gone too; its parent cgroup stays, as it is not empty.
+    drop(first);
+    for dir in &dirs {
+        assert!(dir.is_dir());
+    }
     let second = TestSandbox::new("reap");
     let killed = second.reap_stale();
     if second.capabilities().cgroup.is_none() {
@@ -556,7 +561,7 @@ fn spawn_outside_a_runtime_is_an_error() {
         .spawn(&python("nort", "pass"))
         .expect_err("no runtime");
     assert!(matches!(err, SandboxError::NoRuntime), "{err}");
-    // The cgroup made for it is gone again.
+    // Refused before any cgroup was made for it.
     for dir in sandbox.cgroup_parents() {
         assert!(!dir.join("nort").exists());
     }
@@ -590,4 +595,29 @@ fn config_is_checked() {
             Err(SandboxError::InvalidConfig(_))
         ));
     }
+}
+
+#[tokio::test]
+async fn dropping_one_sandbox_does_not_break_another_of_the_same_name() {
+    let first = TestSandbox::new("shared");
+    let second = TestSandbox::new("shared");
+    let parents = first.cgroup_parents();
+    drop(first);
+    for dir in &parents {
+        assert!(
+            !dir.exists(),
+            "the empty parent {} is removed",
+            dir.display()
+        );
+    }
+    let mut child = second
+        .spawn(&python("shared", "print('ok')"))
+        .expect("spawn recreates the parent");
+    assert_eq!(
+        child.cgroup_dirs().is_empty(),
+        second.capabilities().cgroup.is_none()
+    );
+    let (exit, stdout, stderr) = finish(&mut child).await;
+    assert!(exit.success(), "{exit}: {stderr}");
+    assert_eq!(stdout, "ok\n");
 }

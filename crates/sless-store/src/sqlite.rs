@@ -272,8 +272,10 @@ fn apply_patch(spec: &sless_core::FunctionSpec, patch: &serde_json::Value) -> Re
     }
     let mut doc = serde_json::to_value(spec)?;
     sless_core::patch::merge(&mut doc, patch);
-    let mut patched: sless_core::FunctionSpec = serde_json::from_value(doc)
-        .map_err(|e| sless_core::ValidationError::new("body", e.to_string()))?;
+    let mut patched: sless_core::FunctionSpec = serde_path_to_error::deserialize(doc).map_err(|e| {
+        let field = e.path().to_string();
+        sless_core::ValidationError::new(if field == "." { "body".into() } else { field }, e.into_inner().to_string())
+    })?;
     let family = |r: &str| sless_core::Runtime::parse(r).ok().map(|r| r.family);
     if !fields.contains_key("entrypoint") && family(&patched.runtime) != family(&spec.runtime) {
         // Moving to another language without naming an entrypoint takes its default.

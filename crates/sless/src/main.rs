@@ -60,34 +60,48 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli).await {
-        Ok(code) => code,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
+    let command = match cli.command {
+        Command::Serve(args) => {
+            return report(serve::run(args).await.map(|()| ExitCode::SUCCESS), None);
         }
+        other => other,
+    };
+    let ctx = match Ctx::new(&cli.global) {
+        Ok(ctx) => ctx,
+        Err(err) => return report(Err(err), None),
+    };
+    let result = run(&ctx, command).await;
+    report(result, Some(&ctx))
+}
+
+/// Runs one client subcommand.
+async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Serve(_) => anyhow::bail!("serve is not a client command"),
+        Command::Deploy(args) => deploy::run(ctx, args).await,
+        Command::Invoke(args) => functions::invoke(ctx, args).await,
+        Command::Ls(args) => functions::ls(ctx, args).await,
+        Command::Status(args) => functions::status(ctx, args).await,
+        Command::Logs(args) => functions::logs(ctx, args).await,
+        Command::Rm(args) => functions::rm(ctx, args).await,
+        Command::Ns(command) => admin::ns(ctx, command).await,
+        Command::Token(command) => admin::token(ctx, command).await,
+        Command::Whoami => admin::whoami(ctx).await,
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let command = match cli.command {
-        Command::Serve(args) => return serve::run(args).await.map(|()| ExitCode::SUCCESS),
-        other => other,
-    };
-    let ctx = Ctx::new(&cli.global)?;
-    let result = match command {
-        Command::Serve(_) => unreachable!("handled above"),
-        Command::Deploy(args) => deploy::run(&ctx, args).await,
-        Command::Invoke(args) => functions::invoke(&ctx, args).await,
-        Command::Ls(args) => functions::ls(&ctx, args).await,
-        Command::Status(args) => functions::status(&ctx, args).await,
-        Command::Logs(args) => functions::logs(&ctx, args).await,
-        Command::Rm(args) => functions::rm(&ctx, args).await,
-        Command::Ns(command) => admin::ns(&ctx, command).await,
-        Command::Token(command) => admin::token(&ctx, command).await,
-        Command::Whoami => admin::whoami(&ctx).await,
-    };
-    result.map_err(|err| ctx.explain(err))
+/// Prints an error as `error: ...` (with its causes) plus a hint when there is one.
+fn report(result: anyhow::Result<ExitCode>, ctx: Option<&Ctx>) -> ExitCode {
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            if let Some(hint) = ctx.and_then(|ctx| ctx.hint(&err)) {
+                eprintln!("hint: {hint}");
+            }
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[cfg(test)]

@@ -112,6 +112,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         Sandbox::new(SandboxConfig {
             uid: args.sandbox_uid,
             gid: args.sandbox_uid,
+            cgroup_name: cgroup_name(&data_dir),
             ..SandboxConfig::default()
         })
         .context("cannot set up the sandbox")?,
@@ -231,6 +232,18 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     executor.shutdown(Duration::from_secs(5)).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The parent cgroup of this server's instances, unique per data directory, so
+/// that several servers on one machine never touch each other's instances while a
+/// restarted server still finds (and stops) what its predecessor left behind.
+fn cgroup_name(data_dir: &Path) -> String {
+    use sha2::Digest;
+    let canonical = data_dir
+        .canonicalize()
+        .unwrap_or_else(|_| data_dir.to_path_buf());
+    let digest = sha2::Sha256::digest(canonical.as_os_str().as_encoded_bytes());
+    format!("sless-{}", &hex::encode(digest)[..12])
 }
 
 fn init_tracing() {

@@ -346,7 +346,7 @@ pub async fn run(ctx: &Ctx, args: DeployArgs) -> anyhow::Result<ExitCode> {
 
     if args.no_wait {
         progress.finish();
-        println!("{}", public_url(ctx, &function));
+        println!("{}", ctx.public_url(&function));
         return Ok(ExitCode::SUCCESS);
     }
     let result = ctx
@@ -373,7 +373,7 @@ pub async fn run(ctx: &Ctx, args: DeployArgs) -> anyhow::Result<ExitCode> {
         "{ns}/{name} revision {} is ready ({elapsed:.1}s)",
         function.status.revision
     );
-    println!("{}", public_url(ctx, &function));
+    println!("{}", ctx.public_url(&function));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -415,18 +415,6 @@ async fn create_or_update(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Function> {
                 .with_context(|| format!("cannot create {ns}/{name}"))
         }
         _ => Err(err).with_context(|| format!("cannot create {ns}/{name}")),
-    }
-}
-
-/// The function's public URL, absolute even if the server reports a path.
-fn public_url(ctx: &Ctx, function: &Function) -> String {
-    let url = &function.status.url;
-    if url.is_empty() {
-        ctx.client.function_url(&ctx.namespace, &function.name)
-    } else if url.starts_with('/') {
-        format!("{}{url}", ctx.client.base_url())
-    } else {
-        url.clone()
     }
 }
 

@@ -144,12 +144,12 @@ pub async fn ls(ctx: &Ctx, args: LsArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&functions)?);
     } else {
-        print!("{}", functions_table(&functions));
+        print!("{}", functions_table(&functions, |f| ctx.public_url(f)));
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn functions_table(functions: &[Function]) -> String {
+fn functions_table(functions: &[Function], url: impl Fn(&Function) -> String) -> String {
     let rows: Vec<Vec<String>> = functions
         .iter()
         .map(|f| {
@@ -165,7 +165,7 @@ fn functions_table(functions: &[Function]) -> String {
                 f.status.phase.clone(),
                 f.status.revision.to_string(),
                 instances,
-                f.status.url.clone(),
+                url(f),
             ]
         })
         .collect();
@@ -200,18 +200,18 @@ pub async fn status(ctx: &Ctx, args: StatusArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&f)?);
     } else {
-        print!("{}", summary(&f));
+        print!("{}", summary(&f, &ctx.public_url(&f)));
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn summary(f: &Function) -> String {
+fn summary(f: &Function, url: &str) -> String {
     let s = &f.status;
     let mut rows = vec![
         ("name", format!("{}/{}", f.namespace, f.name)),
         ("phase", s.phase.clone()),
         ("revision", s.revision.to_string()),
-        ("url", s.url.clone()),
+        ("url", url.to_string()),
         (
             "instances",
             format!(
@@ -243,7 +243,8 @@ fn summary(f: &Function) -> String {
         }
     }
     let mut out = String::new();
-    for (key, value) in rows {
+    // Fields an older server does not report are left out rather than shown blank.
+    for (key, value) in rows.into_iter().filter(|(_, v)| !v.is_empty()) {
         out.push_str(&format!("{:<18}{value}\n", format!("{key}:")));
     }
     if !s.message.is_empty() {
@@ -396,7 +397,7 @@ mod tests {
             },
             ..Function::default()
         };
-        let out = functions_table(&[f]);
+        let out = functions_table(&[f], |f| f.status.url.clone());
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 2);
         assert!(
@@ -424,7 +425,7 @@ mod tests {
             },
             ..Function::default()
         };
-        let out = summary(&f);
+        let out = summary(&f, "http://h/fn/default/hello");
         assert!(
             out.starts_with("name:             default/hello\n"),
             "{out}"
@@ -432,5 +433,13 @@ mod tests {
         assert!(out.contains("runtime:          nodejs\n"), "{out}");
         assert!(out.contains("memory_mb:        128\n"), "{out}");
         assert!(out.ends_with("message:\n  line 1\n  line 2\n"), "{out}");
+        assert!(
+            out.contains("url:              http://h/fn/default/hello\n"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("created:"),
+            "unknown timestamps are left out: {out}"
+        );
     }
 }

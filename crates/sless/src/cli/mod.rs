@@ -10,7 +10,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use sless_client::{Client, ClientError};
+use sless_client::{Client, ClientError, Function};
 
 /// Name of the file in the data directory where the server keeps the generated admin token.
 pub const ADMIN_TOKEN_FILE: &str = "admin-token";
@@ -24,13 +24,20 @@ pub struct GlobalArgs {
         long,
         global = true,
         env = "SLESS_SERVER",
+        help_heading = "Global options",
         default_value = "http://127.0.0.1:8080"
     )]
     pub server: String,
 
     /// Bearer token for the API. Without it, the admin token the server wrote to
     /// `<data dir>/admin-token` is used when this user can read it.
-    #[arg(long, global = true, env = "SLESS_TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        env = "SLESS_TOKEN",
+        hide_env_values = true,
+        help_heading = "Global options"
+    )]
     pub token: Option<String>,
 
     /// Namespace to work in.
@@ -39,6 +46,7 @@ pub struct GlobalArgs {
         long,
         global = true,
         env = "SLESS_NAMESPACE",
+        help_heading = "Global options",
         default_value = "default"
     )]
     pub namespace: String,
@@ -134,29 +142,43 @@ impl Ctx {
         })
     }
 
-    /// Adds a hint to an error when the server refused our credentials, so the user learns
-    /// where the token came from (or that there was none).
-    pub fn explain(&self, err: anyhow::Error) -> anyhow::Error {
-        let unauthorized = err
-            .chain()
-            .any(|e| matches!(e.downcast_ref::<ClientError>(), Some(e) if e.status() == Some(401)));
-        if !unauthorized {
-            return err;
+    /// The function's public URL, absolute even when the server reports only a path.
+    pub fn public_url(&self, function: &Function) -> String {
+        let url = &function.status.url;
+        if url.is_empty() {
+            self.client
+                .function_url(&function.namespace, &function.name)
+        } else if url.starts_with('/') {
+            format!("{}{url}", self.client.base_url())
+        } else {
+            url.clone()
         }
-        let hint = match &self.token {
+    }
+
+    /// A hint for errors the user can fix locally: an unreachable server, or credentials the
+    /// server refused (saying where the token came from, or that there was none).
+    pub fn hint(&self, err: &anyhow::Error) -> Option<String> {
+        let client_error = err.chain().find_map(|e| e.downcast_ref::<ClientError>())?;
+        if client_error.is_connect() {
+            return Some(format!(
+                "is `sless serve` running at {}? (see --server/SLESS_SERVER)",
+                self.client.base_url()
+            ));
+        }
+        if client_error.status() != Some(401) {
+            return None;
+        }
+        Some(match &self.token {
             TokenSource::Given(_) => "the token from --token/SLESS_TOKEN was refused".to_string(),
             TokenSource::File(path, _) => format!(
-                "the admin token from {} was refused; is it the same server's data dir?",
+                "the admin token from {} was refused; does it belong to this server?",
                 path.display()
             ),
-            TokenSource::Missing(path) => {
-                format!(
-                    "no token: pass --token, set SLESS_TOKEN, or run as the user whose {} exists",
-                    path.display()
-                )
-            }
-        };
-        err.context(hint)
+            TokenSource::Missing(path) => format!(
+                "no token was sent: pass --token, set SLESS_TOKEN, or run as the user who owns {}",
+                path.display()
+            ),
+        })
     }
 }
 
@@ -257,13 +279,36 @@ mod tests {
             401,
             br#"{"error":{"code":"unauthorized","message":"no token"}}"#,
         ));
-        let text = format!("{:#}", ctx.explain(err));
-        assert!(text.starts_with("no token: pass --token"), "{text}");
-        assert!(text.contains("no token (HTTP 401 unauthorized)"), "{text}");
+        let hint = ctx.hint(&err).expect("a hint");
+        assert!(
+            hint.starts_with("no token was sent: pass --token"),
+            "{hint}"
+        );
+        assert!(hint.ends_with("/d/admin-token"), "{hint}");
         let other = anyhow::Error::new(ClientError::from_response(404, b""));
+        assert_eq!(ctx.hint(&other), None);
+        assert_eq!(ctx.hint(&anyhow::anyhow!("local trouble")), None);
+    }
+
+    #[tokio::test]
+    async fn unreachable_servers_get_a_hint() {
+        // Bind then drop a listener so the port is known to be closed.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let server = format!("http://{}", listener.local_addr().expect("addr"));
+        drop(listener);
+        let ctx = Ctx {
+            client: Client::new(&server, None).expect("client"),
+            namespace: "default".into(),
+            token: TokenSource::Given("t".into()),
+        };
+        let err = ctx.client.whoami().await.expect_err("refused");
+        let hint = ctx.hint(&anyhow::Error::new(err).context("doing things"));
         assert_eq!(
-            format!("{:#}", ctx.explain(other)),
-            "Not Found (HTTP 404 http_404)"
+            hint.as_deref(),
+            Some(
+                format!("is `sless serve` running at {server}? (see --server/SLESS_SERVER)")
+                    .as_str()
+            )
         );
     }
 }

@@ -207,7 +207,8 @@ async fn dependencies_install_from_packages_in_the_archive() {
     let up = server.client.upload_code("default", "deps-py", archive).await.unwrap();
     let f = server.wait_settled("default", "deps-py", up.revision).await;
     assert_eq!(f.status.phase, "Ready", "{}", f.status.message);
-    assert_eq!(server.get("deps-py", "").await, (200, r#"{"lib": "tinylib"}"#.to_string()));
+    let (status, body) = server.get("deps-py", "").await;
+    assert_eq!((status, serde_json::from_str::<Value>(&body).unwrap()), (200, json!({"lib": "tinylib"})));
 
     let tgz = std::fs::read(repo_path("tests/fixtures/tinypkg-0.1.0.tgz")).unwrap();
     let archive = zip_bytes(&[

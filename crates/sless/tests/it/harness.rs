@@ -111,12 +111,10 @@ impl Server {
     pub async fn deploy_in(&self, ns: &str, name: &str, spec: Value, files: &[(&str, &str)]) -> Function {
         let mut body = spec.clone();
         body["name"] = json!(name);
-        match self.client.create_function(ns, &body).await {
-            Ok(_) => {}
-            Err(e) if e.status() == Some(409) => {
-                self.client.patch_function(ns, name, &spec).await.expect("patch");
-            }
-            Err(e) => panic!("create {name}: {e}"),
+        if self.client.get_function(ns, name).await.is_ok() {
+            self.client.patch_function(ns, name, &spec).await.expect("patch");
+        } else {
+            self.client.create_function(ns, &body).await.unwrap_or_else(|e| panic!("create {name}: {e}"));
         }
         let up = self.client.upload_code(ns, name, zip(files)).await.expect("upload");
         self.wait_settled(ns, name, up.revision).await

@@ -8,11 +8,17 @@ use crate::harness::Server;
 
 const HELLO: &str = "import os\n\ndef handle(event):\n    return os.environ.get('ANSWER', 'none')\n";
 
-/// Processes on this machine whose environment holds `marker`.
+/// Python processes on this machine whose environment holds `marker` (the
+/// sandbox's own helper processes carry it too, and are not counted).
 fn processes_with(marker: &str) -> Vec<u32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let is_python = std::fs::read_link(entry.path().join("exe"))
+            .is_ok_and(|exe| exe.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python")));
+        if !is_python {
+            continue;
+        }
         if let Ok(env) = std::fs::read(entry.path().join("environ")) {
             if env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()) {
                 found.push(pid);
