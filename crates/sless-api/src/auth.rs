@@ -10,8 +10,8 @@ use axum::http::request::Parts;
 use sha2::{Digest, Sha256};
 use sless_store::Store;
 
-use crate::error::ApiError;
 use crate::AppState;
+use crate::error::ApiError;
 
 /// Who is calling.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +31,11 @@ impl Caller {
 
     /// `404` for namespaces the caller may not see: their existence is not leaked.
     pub fn check(&self, namespace: &str) -> Result<(), ApiError> {
-        if self.may_access(namespace) { Ok(()) } else { Err(ApiError::not_found("namespace", namespace)) }
+        if self.may_access(namespace) {
+            Ok(())
+        } else {
+            Err(ApiError::not_found("namespace", namespace))
+        }
     }
 }
 
@@ -53,7 +57,11 @@ pub struct Tokens {
 
 impl Tokens {
     pub fn new(admin_token: &str, store: Arc<dyn Store>) -> Self {
-        Self { admin_hash: hash_token(admin_token), store, cache: RwLock::new(HashMap::new()) }
+        Self {
+            admin_hash: hash_token(admin_token),
+            store,
+            cache: RwLock::new(HashMap::new()),
+        }
     }
 
     pub async fn resolve(&self, token: &str) -> Result<Option<Caller>, ApiError> {
@@ -62,7 +70,12 @@ impl Tokens {
         if hash == self.admin_hash {
             return Ok(Some(Caller::Admin));
         }
-        if let Some(hit) = self.cache.read().unwrap_or_else(|e| e.into_inner()).get(&hash) {
+        if let Some(hit) = self
+            .cache
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&hash)
+        {
             return Ok(hit.clone().map(Caller::Namespace));
         }
         let ns = self.store.token_namespace(&hash).await?;
@@ -76,7 +89,10 @@ impl Tokens {
 
     /// Drops cached lookups (after tokens were created or deleted).
     pub fn invalidate(&self) {
-        self.cache.write().unwrap_or_else(|e| e.into_inner()).clear();
+        self.cache
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 }
 
@@ -90,18 +106,29 @@ impl sless_gateway::Authorizer for Tokens {
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
         let header = parts
             .headers
             .get(axum::http::header::AUTHORIZATION)
-            .ok_or_else(|| ApiError::Unauthorized("missing Authorization: Bearer <token> header".into()))?;
+            .ok_or_else(|| {
+                ApiError::Unauthorized("missing Authorization: Bearer <token> header".into())
+            })?;
         let token = header
             .to_str()
             .ok()
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim)
             .filter(|t| !t.is_empty())
-            .ok_or_else(|| ApiError::Unauthorized("the Authorization header must be 'Bearer <token>'".into()))?;
-        state.tokens.resolve(token).await?.ok_or_else(|| ApiError::Unauthorized("unknown token".into()))
+            .ok_or_else(|| {
+                ApiError::Unauthorized("the Authorization header must be 'Bearer <token>'".into())
+            })?;
+        state
+            .tokens
+            .resolve(token)
+            .await?
+            .ok_or_else(|| ApiError::Unauthorized("unknown token".into()))
     }
 }

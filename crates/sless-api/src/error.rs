@@ -47,7 +47,9 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotFound { kind, name } => ApiError::not_found(kind, &name),
-            StoreError::Conflict { kind, name } => ApiError::Conflict(format!("{kind} {name:?} already exists")),
+            StoreError::Conflict { kind, name } => {
+                ApiError::Conflict(format!("{kind} {name:?} already exists"))
+            }
             StoreError::NotEmpty(ns) => ApiError::Conflict(format!(
                 "namespace {ns:?} still has functions: delete them first or use ?force=true"
             )),
@@ -71,11 +73,17 @@ impl IntoResponse for ApiError {
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
-            ApiError::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+            ApiError::UnsupportedMediaType(_) => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            }
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Internal(e) => {
                 tracing::error!(error = ?e, "internal error");
-                return sless_gateway::error_response(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error");
+                return sless_gateway::error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "internal error",
+                );
             }
         };
         sless_gateway::error_response(status, code, &self.to_string())

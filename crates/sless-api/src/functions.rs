@@ -37,10 +37,10 @@ fn function_json(s: &AppState, r: &FunctionRecord) -> Value {
     }
     status.instances = s.executor.counts(&r.namespace, &r.name);
     status.url = s.controller.url(&r.namespace, &r.name);
-    if status.phase == Phase::Ready {
-        if let Some(problem) = s.executor.last_error(&r.namespace, &r.name) {
-            status.message = problem;
-        }
+    if status.phase == Phase::Ready
+        && let Some(problem) = s.executor.last_error(&r.namespace, &r.name)
+    {
+        status.message = problem;
     }
     json!({
         "name": r.name,
@@ -60,10 +60,20 @@ fn function_json(s: &AppState, r: &FunctionRecord) -> Value {
     })
 }
 
-pub async fn list(State(s): State<AppState>, caller: Caller, Path(ns): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn list(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(ns): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
     s.store.get_namespace(&ns).await?;
-    let items: Vec<Value> = s.store.list_functions(Some(&ns)).await?.iter().map(|r| function_json(&s, r)).collect();
+    let items: Vec<Value> = s
+        .store
+        .list_functions(Some(&ns))
+        .await?
+        .iter()
+        .map(|r| function_json(&s, r))
+        .collect();
     Ok(Json(json!({"items": items})))
 }
 
@@ -74,7 +84,9 @@ pub async fn create(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
-    let Value::Object(mut fields) = body else { return Err(ApiError::bad("body: must be a JSON object")) };
+    let Value::Object(mut fields) = body else {
+        return Err(ApiError::bad("body: must be a JSON object"));
+    };
     let name = match fields.remove("name") {
         Some(Value::String(name)) => name,
         Some(_) => return Err(ApiError::bad("name: must be a string")),
@@ -82,12 +94,17 @@ pub async fn create(
     };
     sless_core::validate_name("name", &name)?;
     if !fields.contains_key("runtime") {
-        return Err(ApiError::bad("runtime: required (python3, nodejs, go or custom)"));
+        return Err(ApiError::bad(
+            "runtime: required (python3, nodejs, go or custom)",
+        ));
     }
-    let mut spec: FunctionSpec =
-        serde_path_to_error::deserialize(Value::Object(fields)).map_err(|e| ApiError::bad(spec_error(e)))?;
+    let mut spec: FunctionSpec = serde_path_to_error::deserialize(Value::Object(fields))
+        .map_err(|e| ApiError::bad(spec_error(e)))?;
     let runtime = spec.validate()?;
-    if matches!(runtime.family, sless_core::RuntimeFamily::Go | sless_core::RuntimeFamily::Custom) {
+    if matches!(
+        runtime.family,
+        sless_core::RuntimeFamily::Go | sless_core::RuntimeFamily::Custom
+    ) {
         return Err(ApiError::bad(format!(
             "runtime: {:?} is not supported by this server yet (python3 and nodejs are)",
             spec.runtime
@@ -119,8 +136,15 @@ pub async fn create(
 pub(crate) fn spec_error(e: serde_path_to_error::Error<serde_json::Error>) -> String {
     let path = e.path().to_string();
     let inner = e.into_inner().to_string();
-    let inner = inner.split_once(" at line").map(|(head, _)| head.to_string()).unwrap_or(inner);
-    if path.is_empty() || path == "." { inner } else { format!("{path}: {inner}") }
+    let inner = inner
+        .split_once(" at line")
+        .map(|(head, _)| head.to_string())
+        .unwrap_or(inner);
+    if path.is_empty() || path == "." {
+        inner
+    } else {
+        format!("{path}: {inner}")
+    }
 }
 
 pub async fn get(
@@ -129,7 +153,10 @@ pub async fn get(
     Path((ns, name)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
-    Ok(Json(function_json(&s, &s.store.get_function(&ns, &name).await?)))
+    Ok(Json(function_json(
+        &s,
+        &s.store.get_function(&ns, &name).await?,
+    )))
 }
 
 pub async fn patch(
@@ -141,12 +168,20 @@ pub async fn patch(
     caller.check(&ns)?;
     if let Some(runtime) = body.get("runtime").and_then(Value::as_str) {
         let family = sless_core::Runtime::parse(runtime)?.family;
-        if matches!(family, sless_core::RuntimeFamily::Go | sless_core::RuntimeFamily::Custom) {
-            return Err(ApiError::bad(format!("runtime: {runtime:?} is not supported by this server yet (python3 and nodejs are)")));
+        if matches!(
+            family,
+            sless_core::RuntimeFamily::Go | sless_core::RuntimeFamily::Custom
+        ) {
+            return Err(ApiError::bad(format!(
+                "runtime: {runtime:?} is not supported by this server yet (python3 and nodejs are)"
+            )));
         }
     }
     let before = s.store.get_function(&ns, &name).await?;
-    let record = s.store.update_function(&ns, &name, FunctionChange::Patch(body)).await?;
+    let record = s
+        .store
+        .update_function(&ns, &name, FunctionChange::Patch(body))
+        .await?;
     if record.revision != before.revision {
         s.controller.enqueue(&ns, &name);
     }
@@ -191,7 +226,9 @@ pub async fn upload_code(
                 Ok(Some(field)) if field.name() == Some("code") => {
                     let bytes = field.bytes().await.map_err(|e| {
                         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                            ApiError::TooLarge(format!("archive is larger than the limit of {limit} bytes"))
+                            ApiError::TooLarge(format!(
+                                "archive is larger than the limit of {limit} bytes"
+                            ))
                         } else {
                             ApiError::bad(format!("could not read field code: {e}"))
                         }
@@ -202,24 +239,36 @@ pub async fn upload_code(
                 Ok(Some(_)) => continue,
                 Ok(None) => break,
                 Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                    return Err(ApiError::TooLarge(format!("archive is larger than the limit of {limit} bytes")));
+                    return Err(ApiError::TooLarge(format!(
+                        "archive is larger than the limit of {limit} bytes"
+                    )));
                 }
                 Err(e) => return Err(ApiError::bad(format!("not a valid multipart body: {e}"))),
             }
         }
-        found.ok_or_else(|| ApiError::bad("code: multipart field 'code' with the zip archive is required"))?
-    } else if content_type.starts_with("application/zip") || content_type.starts_with("application/x-zip-compressed") {
+        found.ok_or_else(|| {
+            ApiError::bad("code: multipart field 'code' with the zip archive is required")
+        })?
+    } else if content_type.starts_with("application/zip")
+        || content_type.starts_with("application/x-zip-compressed")
+    {
         read_limited(req, limit).await?
     } else {
         return Err(ApiError::UnsupportedMediaType(format!(
             "expected Content-Type: application/zip (or multipart/form-data with field 'code'), got {:?}",
-            if content_type.is_empty() { "nothing" } else { &content_type }
+            if content_type.is_empty() {
+                "nothing"
+            } else {
+                &content_type
+            }
         )));
     };
     if archive.len() > limit {
-        return Err(ApiError::TooLarge(format!("archive is larger than the limit of {limit} bytes")));
+        return Err(ApiError::TooLarge(format!(
+            "archive is larger than the limit of {limit} bytes"
+        )));
     }
-    let limits = s.archive_limits.clone();
+    let limits = s.archive_limits;
     let inspected = {
         let archive = archive.clone();
         tokio::task::spawn_blocking(move || sless_blob::inspect_zip(&archive, &limits))
@@ -232,10 +281,21 @@ pub async fn upload_code(
             other => ApiError::bad(format!("code: {other}")),
         });
     }
-    let sha = s.blobs.put(archive).await.map_err(|e| ApiError::Internal(e.into()))?;
-    let record = s.store.update_function(&ns, &name, FunctionChange::Code(sha.clone())).await?;
+    let sha = s
+        .blobs
+        .put(archive)
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))?;
+    let record = s
+        .store
+        .update_function(&ns, &name, FunctionChange::Code(sha.clone()))
+        .await?;
     s.controller.enqueue(&ns, &name);
-    Ok((StatusCode::ACCEPTED, Json(json!({"revision": record.revision, "code_sha256": sha}))).into_response())
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"revision": record.revision, "code_sha256": sha})),
+    )
+        .into_response())
 }
 
 pub async fn source(
@@ -245,13 +305,21 @@ pub async fn source(
 ) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
     let record = s.store.get_function(&ns, &name).await?;
-    let Some(sha) = record.code_sha256 else { return Ok(Json(json!({"items": []}))) };
-    let archive = s.blobs.get(&sha).await.map_err(|e| ApiError::Internal(e.into()))?;
-    let limits = s.archive_limits.clone();
+    let Some(sha) = record.code_sha256 else {
+        return Ok(Json(json!({"items": []})));
+    };
+    let archive = s
+        .blobs
+        .get(&sha)
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))?;
+    let limits = s.archive_limits;
     let files = tokio::task::spawn_blocking(move || sless_blob::list_source(&archive, &limits))
         .await
         .map_err(|e| ApiError::Internal(e.into()))?
-        .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored archive {sha} is unreadable: {e}")))?;
+        .map_err(|e| {
+            ApiError::Internal(anyhow::anyhow!("stored archive {sha} is unreadable: {e}"))
+        })?;
     Ok(Json(json!({"items": files})))
 }
 
@@ -273,7 +341,10 @@ pub async fn logs(
     // Subscribe before reading the tail so no line falls between the two.
     let live = q.follow.then(|| s.logs.subscribe(&ns, &name));
     let tail = q.tail.unwrap_or(200).min(100_000);
-    let lines = s.logs.tail(&ns, &name, tail).map_err(|e| ApiError::Internal(e.into()))?;
+    let lines = s
+        .logs
+        .tail(&ns, &name, tail)
+        .map_err(|e| ApiError::Internal(e.into()))?;
     let mut text = lines.join("\n");
     if !text.is_empty() {
         text.push('\n');
@@ -297,12 +368,14 @@ pub async fn logs(
         }
     });
     Ok((
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8"), (header::CACHE_CONTROL, "no-cache")],
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
         Body::from_stream(first.chain(rest)),
     )
         .into_response())
 }
-
 
 pub async fn invoke(
     State(s): State<AppState>,
@@ -321,10 +394,18 @@ pub async fn invoke(
         body
     };
     let request_id = sless_gateway::request_id(&headers);
-    let request = InvokeRequest { event, request_id: request_id.clone(), source: "invoke" };
+    let request = InvokeRequest {
+        event,
+        request_id: request_id.clone(),
+        source: "invoke",
+    };
     let mut response = match s.executor.invoke(&ns, &name, request).await {
         Ok(r) => {
-            let status = if r.ok { StatusCode::OK } else { StatusCode::INTERNAL_SERVER_ERROR };
+            let status = if r.ok {
+                StatusCode::OK
+            } else {
+                StatusCode::INTERNAL_SERVER_ERROR
+            };
             (status, [(header::CONTENT_TYPE, "application/json")], r.body).into_response()
         }
         Err(InvokeError::NotFound) => {

@@ -52,13 +52,31 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/whoami", get(n::whoami))
         .route("/v1/tokens", post(n::create_token))
         .route("/v1/namespaces", get(n::list))
-        .route("/v1/namespaces/{ns}", put(n::ensure).get(n::get).delete(n::delete))
-        .route("/v1/namespaces/{ns}/functions", get(f::list).post(f::create))
-        .route("/v1/namespaces/{ns}/functions/{name}", get(f::get).patch(f::patch).delete(f::delete))
-        .route("/v1/namespaces/{ns}/functions/{name}/code", put(f::upload_code))
-        .route("/v1/namespaces/{ns}/functions/{name}/source", get(f::source))
+        .route(
+            "/v1/namespaces/{ns}",
+            put(n::ensure).get(n::get).delete(n::delete),
+        )
+        .route(
+            "/v1/namespaces/{ns}/functions",
+            get(f::list).post(f::create),
+        )
+        .route(
+            "/v1/namespaces/{ns}/functions/{name}",
+            get(f::get).patch(f::patch).delete(f::delete),
+        )
+        .route(
+            "/v1/namespaces/{ns}/functions/{name}/code",
+            put(f::upload_code),
+        )
+        .route(
+            "/v1/namespaces/{ns}/functions/{name}/source",
+            get(f::source),
+        )
         .route("/v1/namespaces/{ns}/functions/{name}/logs", get(f::logs))
-        .route("/v1/namespaces/{ns}/functions/{name}/invoke", post(f::invoke))
+        .route(
+            "/v1/namespaces/{ns}/functions/{name}/invoke",
+            post(f::invoke),
+        )
         .fallback(fallback)
         .with_state(state)
 }
@@ -72,14 +90,27 @@ async fn healthz() -> impl IntoResponse {
 }
 
 async fn readyz(State(s): State<AppState>) -> Response {
-    let store = s.store.ping().await.err().map(|e| format!("metadata store: {e}"));
-    let blobs = s.blobs.ping().await.err().map(|e| format!("code store: {e}"));
+    let store = s
+        .store
+        .ping()
+        .await
+        .err()
+        .map(|e| format!("metadata store: {e}"));
+    let blobs = s
+        .blobs
+        .ping()
+        .await
+        .err()
+        .map(|e| format!("code store: {e}"));
     let problems: Vec<String> = store.into_iter().chain(blobs).collect();
     if problems.is_empty() {
         axum::Json(serde_json::json!({"status": "ready"})).into_response()
     } else {
         tracing::warn!(?problems, "not ready");
-        (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"status": "unavailable", "problems": problems})))
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({"status": "unavailable", "problems": problems})),
+        )
             .into_response()
     }
 }
@@ -96,16 +127,27 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
             .headers()
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+            .map(|v| {
+                v.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_ascii_lowercase()
+            })
             .unwrap_or_default();
         if content_type != "application/json" && content_type != "application/merge-patch+json" {
             return Err(ApiError::UnsupportedMediaType(format!(
                 "expected Content-Type: application/json, got {:?}",
-                if content_type.is_empty() { "nothing" } else { &content_type }
+                if content_type.is_empty() {
+                    "nothing"
+                } else {
+                    &content_type
+                }
             )));
         }
         let bytes = read_limited(req, MAX_JSON).await?;
-        let value = serde_json::from_slice(&bytes).map_err(|e| ApiError::bad(format!("body is not valid JSON: {e}")))?;
+        let value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad(format!("body is not valid JSON: {e}")))?;
         Ok(JsonBody(value))
     }
 }
@@ -113,8 +155,10 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
 /// Reads a whole body, refusing it with `413` past `limit` bytes.
 pub(crate) async fn read_limited(req: Request, limit: usize) -> Result<Bytes, ApiError> {
     let (parts, body) = req.into_parts();
-    sless_gateway::read_body(&parts.headers, body, limit).await.map_err(|e| match e {
-        sless_gateway::BodyError::TooLarge(_) => ApiError::TooLarge(e.to_string()),
-        sless_gateway::BodyError::Unreadable => ApiError::bad(e.to_string()),
-    })
+    sless_gateway::read_body(&parts.headers, body, limit)
+        .await
+        .map_err(|e| match e {
+            sless_gateway::BodyError::TooLarge(_) => ApiError::TooLarge(e.to_string()),
+            sless_gateway::BodyError::Unreadable => ApiError::bad(e.to_string()),
+        })
 }

@@ -1,44 +1,74 @@
 //! Namespaces, tokens and `whoami`.
 
+use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
 use sless_store::Namespace;
 
-use crate::{AppState, ApiError, Caller, JsonBody, hash_token, new_token};
+use crate::{ApiError, AppState, Caller, JsonBody, hash_token, new_token};
 
 fn namespace_json(ns: &Namespace) -> serde_json::Value {
     json!({"name": ns.name, "created_at": ns.created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)})
 }
 
-pub async fn whoami(State(s): State<AppState>, caller: Caller) -> Result<Json<serde_json::Value>, ApiError> {
+pub async fn whoami(
+    State(s): State<AppState>,
+    caller: Caller,
+) -> Result<Json<serde_json::Value>, ApiError> {
     let namespaces: Vec<String> = match &caller {
-        Caller::Admin => s.store.list_namespaces().await?.into_iter().map(|n| n.name).collect(),
+        Caller::Admin => s
+            .store
+            .list_namespaces()
+            .await?
+            .into_iter()
+            .map(|n| n.name)
+            .collect(),
         Caller::Namespace(ns) => vec![ns.clone()],
     };
-    Ok(Json(json!({"admin": caller == Caller::Admin, "namespaces": namespaces})))
+    Ok(Json(
+        json!({"admin": caller == Caller::Admin, "namespaces": namespaces}),
+    ))
 }
 
-pub async fn list(State(s): State<AppState>, caller: Caller) -> Result<Json<serde_json::Value>, ApiError> {
+pub async fn list(
+    State(s): State<AppState>,
+    caller: Caller,
+) -> Result<Json<serde_json::Value>, ApiError> {
     let all = s.store.list_namespaces().await?;
-    let items: Vec<_> = all.iter().filter(|n| caller.may_access(&n.name)).map(namespace_json).collect();
+    let items: Vec<_> = all
+        .iter()
+        .filter(|n| caller.may_access(&n.name))
+        .map(namespace_json)
+        .collect();
     Ok(Json(json!({"items": items})))
 }
 
-pub async fn get(State(s): State<AppState>, caller: Caller, Path(ns): Path<String>) -> Result<Json<serde_json::Value>, ApiError> {
+pub async fn get(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(ns): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
     caller.check(&ns)?;
     Ok(Json(namespace_json(&s.store.get_namespace(&ns).await?)))
 }
 
-pub async fn ensure(State(s): State<AppState>, caller: Caller, Path(ns): Path<String>) -> Result<Response, ApiError> {
+pub async fn ensure(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(ns): Path<String>,
+) -> Result<Response, ApiError> {
     caller.check(&ns)?;
     sless_core::validate_name("name", &ns)?;
     let created = s.store.ensure_namespace(&ns).await?;
     let body = namespace_json(&s.store.get_namespace(&ns).await?);
-    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, Json(body)).into_response())
 }
 
@@ -63,7 +93,11 @@ pub async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn create_token(State(s): State<AppState>, caller: Caller, JsonBody(body): JsonBody) -> Result<Response, ApiError> {
+pub async fn create_token(
+    State(s): State<AppState>,
+    caller: Caller,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ApiError> {
     if caller != Caller::Admin {
         return Err(ApiError::NotFound("no such endpoint".into()));
     }
@@ -71,7 +105,10 @@ pub async fn create_token(State(s): State<AppState>, caller: Caller, JsonBody(bo
         Some(serde_json::Value::String(ns)) => ns.clone(),
         _ => return Err(ApiError::bad("namespace: required, a string")),
     };
-    if let Some(unknown) = body.as_object().and_then(|o| o.keys().find(|k| *k != "namespace")) {
+    if let Some(unknown) = body
+        .as_object()
+        .and_then(|o| o.keys().find(|k| *k != "namespace"))
+    {
         return Err(ApiError::bad(format!("{unknown}: unknown field")));
     }
     sless_core::validate_name("namespace", &ns)?;
@@ -79,5 +116,9 @@ pub async fn create_token(State(s): State<AppState>, caller: Caller, JsonBody(bo
     let token = new_token();
     s.store.create_token(&hash_token(&token), &ns).await?;
     s.tokens.invalidate();
-    Ok((StatusCode::CREATED, Json(json!({"token": token, "namespace": ns}))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"token": token, "namespace": ns})),
+    )
+        .into_response())
 }

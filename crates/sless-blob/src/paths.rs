@@ -272,11 +272,12 @@ mod tests {
                         continue;
                     }
                     let parts: Vec<&str> = place.split('/').collect();
-                    if let Ok(resolved) = resolve_link(&links, &parts) {
-                        if let Ok(real) = root.join(place).canonicalize() {
-                            prop_assert!(real.starts_with(&real_root), "{place} -> {real:?}");
-                            prop_assert_eq!(real, real_root.join(Path::new(&resolved.join("/"))));
-                        }
+                    // A dangling or looping link has no kernel answer to compare.
+                    if let Ok(resolved) = resolve_link(&links, &parts)
+                        && let Ok(real) = root.join(place).canonicalize()
+                    {
+                        prop_assert!(real.starts_with(&real_root), "{place} -> {real:?}");
+                        prop_assert_eq!(real, real_root.join(Path::new(&resolved.join("/"))));
                     }
                 }
             }

@@ -37,6 +37,12 @@ pub struct Controller {
 }
 
 /// Errors that stop a reconcile before it can record a status.
+async fn join_all_handles(handles: Vec<tokio::task::JoinHandle<()>>) {
+    for handle in handles {
+        let _ = handle.await;
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
     /// The store failed; the reconcile is retried later.
@@ -74,7 +80,7 @@ impl Controller {
     }
 
     /// Reconciles a function in the background.
-    pub fn enqueue(self: &Arc<Self>, namespace: &str, name: &str) {
+    pub fn enqueue(self: &Arc<Self>, namespace: &str, name: &str) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         let key = (namespace.to_string(), name.to_string());
         tokio::spawn(async move {
@@ -90,14 +96,27 @@ impl Controller {
                     }
                 }
             }
-        });
+        })
     }
 
-    /// Reconciles every stored function (at start-up).
-    pub async fn resync_all(self: &Arc<Self>) -> Result<usize, StoreError> {
+    /// Reconciles every stored function (at start-up) and waits up to `patience`
+    /// for them, so that a restarted server serves its functions from its first
+    /// request instead of answering 404 until they are redeployed. Reconciles
+    /// still running then (real builds) go on in the background.
+    pub async fn resync_all(
+        self: &Arc<Self>,
+        patience: std::time::Duration,
+    ) -> Result<usize, StoreError> {
         let all = self.store.list_functions(None).await?;
-        for f in &all {
-            self.enqueue(&f.namespace, &f.name);
+        let pending: Vec<_> = all
+            .iter()
+            .map(|f| self.enqueue(&f.namespace, &f.name))
+            .collect();
+        if tokio::time::timeout(patience, join_all_handles(pending))
+            .await
+            .is_err()
+        {
+            tracing::warn!("some functions are still being rebuilt; they will serve when ready");
         }
         Ok(all.len())
     }
@@ -106,14 +125,26 @@ impl Controller {
     pub fn forget(&self, namespace: &str, name: &str) {
         let key = (namespace.to_string(), name.to_string());
         self.executor.remove(namespace, name);
-        self.deployed.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
-        self.locks.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        self.deployed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
+        self.locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
         self.logs.remove(namespace, name);
     }
 
     /// Makes one function's running state match its record.
     pub async fn reconcile(&self, key: &Key) -> Result<(), ReconcileError> {
-        let lock = self.locks.lock().unwrap_or_else(|e| e.into_inner()).entry(key.clone()).or_default().clone();
+        let lock = self
+            .locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .clone();
         let _serial = lock.lock().await;
         let record = match self.store.get_function(&key.0, &key.1).await {
             Ok(r) => r,
@@ -123,8 +154,14 @@ impl Controller {
             }
             Err(e) => return Err(e.into()),
         };
-        let deployed = self.deployed.lock().unwrap_or_else(|e| e.into_inner()).get(key).copied();
-        let settled = matches!(record.status.phase, Phase::Ready | Phase::Failed) && record.status.revision == record.revision;
+        let deployed = self
+            .deployed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .copied();
+        let settled = matches!(record.status.phase, Phase::Ready | Phase::Failed)
+            && record.status.revision == record.revision;
         if settled && (deployed == Some(record.revision) || record.status.phase == Phase::Failed) {
             return Ok(());
         }
@@ -136,13 +173,20 @@ impl Controller {
                 url: self.url(&key.0, &key.1),
                 ..Default::default()
             };
-            self.store.set_status(&key.0, &key.1, record.revision, &status).await?;
+            self.store
+                .set_status(&key.0, &key.1, record.revision, &status)
+                .await?;
             return Ok(());
         };
         self.build_and_deploy(key, record, sha).await
     }
 
-    async fn build_and_deploy(&self, key: &Key, record: FunctionRecord, sha: String) -> Result<(), ReconcileError> {
+    async fn build_and_deploy(
+        &self,
+        key: &Key,
+        record: FunctionRecord,
+        sha: String,
+    ) -> Result<(), ReconcileError> {
         let (ns, name) = (&key.0, &key.1);
         let revision = record.revision;
         let mut status = FunctionStatus {
@@ -154,7 +198,9 @@ impl Controller {
             last_built_at: record.status.last_built_at,
             ..Default::default()
         };
-        let set = |status: FunctionStatus| async move { self.store.set_status(ns, name, revision, &status).await };
+        let set = |status: FunctionStatus| async move {
+            self.store.set_status(ns, name, revision, &status).await
+        };
         set(status.clone()).await?;
 
         let runtime = match Runtime::parse(&record.spec.runtime) {
@@ -166,7 +212,11 @@ impl Controller {
                 return Ok(());
             }
         };
-        let archive = self.blobs.get(&sha).await.map_err(|e| ReconcileError::Blob(sha.clone(), e.to_string()))?;
+        let archive = self
+            .blobs
+            .get(&sha)
+            .await
+            .map_err(|e| ReconcileError::Blob(sha.clone(), e.to_string()))?;
         let sink = self.logs.sink(ns, name);
         let log_sink = sink.clone();
         let request = BuildRequest {
@@ -181,7 +231,16 @@ impl Controller {
             Err(e) => {
                 let message = match e {
                     BuildError::Failed { message } => message,
-                    other => other.to_string(),
+                    e @ (BuildError::TimedOut(_)
+                    | BuildError::Unsupported(_)
+                    | BuildError::Archive(_)) => e.to_string(),
+                    // Server-side trouble: the details (paths, errno) go to the
+                    // server log, not to the function's owner.
+                    other => {
+                        tracing::error!(namespace = %ns, function = %name, revision, error = %other, "build failed");
+                        "the build failed because of a server error; the server log has the details"
+                            .to_string()
+                    }
                 };
                 sink.line("sless", &format!("revision {revision} failed to build"));
                 status.phase = Phase::Failed;
@@ -214,9 +273,16 @@ impl Controller {
         };
         match self.executor.deploy(deployment).await {
             Ok(()) => {
-                self.deployed.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), revision);
+                self.deployed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key.clone(), revision);
                 status.phase = Phase::Ready;
-                status.message = if spec.paused { "paused".into() } else { String::new() };
+                status.message = if spec.paused {
+                    "paused".into()
+                } else {
+                    String::new()
+                };
                 sink.line("sless", &format!("revision {revision} is ready"));
             }
             Err(e) => {

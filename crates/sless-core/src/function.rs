@@ -88,11 +88,17 @@ impl FunctionSpec {
                 ));
             }
             if key.starts_with("SLESS_") {
-                return Err(ValidationError::new(format!("env.{key}"), "the SLESS_ prefix is reserved"));
+                return Err(ValidationError::new(
+                    format!("env.{key}"),
+                    "the SLESS_ prefix is reserved",
+                ));
             }
         }
         if let Some((key, _)) = self.env.iter().find(|(_, v)| v.contains('\0')) {
-            return Err(ValidationError::new(format!("env.{key}"), "values may not contain NUL bytes"));
+            return Err(ValidationError::new(
+                format!("env.{key}"),
+                "values may not contain NUL bytes",
+            ));
         }
         range("memory_mb", self.memory_mb, 32, 4096)?;
         range("timeout_sec", self.timeout_sec, 0, 900)?;
@@ -103,7 +109,10 @@ impl FunctionSpec {
         if self.max_instances < floor {
             return Err(ValidationError::new(
                 "max_instances",
-                format!("must be at least max(1, min_instances) = {floor}, got {}", self.max_instances),
+                format!(
+                    "must be at least max(1, min_instances) = {floor}, got {}",
+                    self.max_instances
+                ),
             ));
         }
         range("max_instances", self.max_instances, floor, 1000)?;
@@ -113,7 +122,10 @@ impl FunctionSpec {
 
 fn range(field: &str, value: u32, lo: u32, hi: u32) -> Result<(), ValidationError> {
     if value < lo || value > hi {
-        return Err(ValidationError::new(field, format!("must be between {lo} and {hi}, got {value}")));
+        return Err(ValidationError::new(
+            field,
+            format!("must be between {lo} and {hi}, got {value}"),
+        ));
     }
     Ok(())
 }
@@ -122,17 +134,22 @@ fn validate_entrypoint(family: RuntimeFamily, entrypoint: &str) -> Result<(), Va
     let ident = |s: &str| {
         !s.is_empty()
             && !s.starts_with(|c: char| c.is_ascii_digit())
-            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
     };
     let ok = match family {
         RuntimeFamily::Go => ident(entrypoint),
-        RuntimeFamily::Custom => !entrypoint.is_empty() && !entrypoint.contains("..") && !entrypoint.starts_with('/'),
+        RuntimeFamily::Custom => {
+            !entrypoint.is_empty() && !entrypoint.contains("..") && !entrypoint.starts_with('/')
+        }
         RuntimeFamily::Python3 | RuntimeFamily::Nodejs => match entrypoint.rsplit_once('.') {
             Some((module, func)) => {
                 let module_ok = if family == RuntimeFamily::Python3 {
                     module.split('.').all(ident)
                 } else {
-                    module.split('/').all(|seg| !seg.is_empty() && seg != ".." && seg != ".")
+                    module
+                        .split('/')
+                        .all(|seg| !seg.is_empty() && seg != ".." && seg != ".")
                         && !module.starts_with('/')
                 };
                 module_ok && ident(func)
@@ -145,7 +162,9 @@ fn validate_entrypoint(family: RuntimeFamily, entrypoint: &str) -> Result<(), Va
     } else {
         Err(ValidationError::new(
             "entrypoint",
-            format!("{entrypoint:?} is not of the form module.function (for example handler.handle)"),
+            format!(
+                "{entrypoint:?} is not of the form module.function (for example handler.handle)"
+            ),
         ))
     }
 }
@@ -200,7 +219,15 @@ mod tests {
         let s = spec(serde_json::json!({"runtime": "python3"})).unwrap();
         assert_eq!(s.entrypoint, "handler.handle");
         assert_eq!((s.memory_mb, s.timeout_sec), (128, 30));
-        assert_eq!((s.min_instances, s.max_instances, s.concurrency, s.idle_timeout_sec), (0, 10, 16, 60));
+        assert_eq!(
+            (
+                s.min_instances,
+                s.max_instances,
+                s.concurrency,
+                s.idle_timeout_sec
+            ),
+            (0, 10, 16, 60)
+        );
         assert!(!s.paused && !s.private);
         let go = spec(serde_json::json!({"runtime": "go1.23"})).unwrap();
         assert_eq!(go.entrypoint, "Handle");
@@ -209,15 +236,42 @@ mod tests {
     #[test]
     fn each_limit_names_its_field() {
         let cases = [
-            (serde_json::json!({"runtime": "python3", "memory_mb": 16}), "memory_mb"),
-            (serde_json::json!({"runtime": "python3", "memory_mb": 5000}), "memory_mb"),
-            (serde_json::json!({"runtime": "python3", "timeout_sec": 901}), "timeout_sec"),
-            (serde_json::json!({"runtime": "python3", "concurrency": 0}), "concurrency"),
-            (serde_json::json!({"runtime": "python3", "idle_timeout_sec": 0}), "idle_timeout_sec"),
-            (serde_json::json!({"runtime": "python3", "min_instances": 3, "max_instances": 2}), "max_instances"),
-            (serde_json::json!({"runtime": "python3", "max_instances": 0}), "max_instances"),
-            (serde_json::json!({"runtime": "python3", "entrypoint": "handler"}), "entrypoint"),
-            (serde_json::json!({"runtime": "python3", "env": {"1A": "x"}}), "env.1A"),
+            (
+                serde_json::json!({"runtime": "python3", "memory_mb": 16}),
+                "memory_mb",
+            ),
+            (
+                serde_json::json!({"runtime": "python3", "memory_mb": 5000}),
+                "memory_mb",
+            ),
+            (
+                serde_json::json!({"runtime": "python3", "timeout_sec": 901}),
+                "timeout_sec",
+            ),
+            (
+                serde_json::json!({"runtime": "python3", "concurrency": 0}),
+                "concurrency",
+            ),
+            (
+                serde_json::json!({"runtime": "python3", "idle_timeout_sec": 0}),
+                "idle_timeout_sec",
+            ),
+            (
+                serde_json::json!({"runtime": "python3", "min_instances": 3, "max_instances": 2}),
+                "max_instances",
+            ),
+            (
+                serde_json::json!({"runtime": "python3", "max_instances": 0}),
+                "max_instances",
+            ),
+            (
+                serde_json::json!({"runtime": "python3", "entrypoint": "handler"}),
+                "entrypoint",
+            ),
+            (
+                serde_json::json!({"runtime": "python3", "env": {"1A": "x"}}),
+                "env.1A",
+            ),
             (serde_json::json!({"runtime": "cobol"}), "runtime"),
         ];
         for (json, field) in cases {

@@ -70,14 +70,20 @@ impl Runtime {
                 // `python` alone is not a family name: Python 2 is not supported.
                 let bare_python = prefix == "python" && rest.is_empty();
                 let python2 = prefix == "python" && rest.starts_with('2');
-                if version_ok && !bare_python && !python2 && !(prefix == "custom" && !rest.is_empty()) {
-                    return Ok(Runtime { family, name: name.to_string() });
+                if version_ok && !bare_python && !python2 && (prefix != "custom" || rest.is_empty())
+                {
+                    return Ok(Runtime {
+                        family,
+                        name: name.to_string(),
+                    });
                 }
             }
         }
         Err(ValidationError::new(
             "runtime",
-            format!("unknown runtime {name:?}: use python3, nodejs, go or custom (a version alias such as python3.11 or nodejs20 is accepted)"),
+            format!(
+                "unknown runtime {name:?}: use python3, nodejs, go or custom (a version alias such as python3.11 or nodejs20 is accepted)"
+            ),
         ))
     }
 }
@@ -106,7 +112,15 @@ mod tests {
 
     #[test]
     fn unknown_runtimes_are_named_in_the_error() {
-        for bad in ["ruby", "python", "python2.7", "nodejs20x", "go1..2", "custom1", ""] {
+        for bad in [
+            "ruby",
+            "python",
+            "python2.7",
+            "nodejs20x",
+            "go1..2",
+            "custom1",
+            "",
+        ] {
             let err = Runtime::parse(bad).unwrap_err();
             assert_eq!(err.field, "runtime");
             assert!(err.message.contains(&format!("{bad:?}")), "{}", err.message);

@@ -59,8 +59,12 @@ impl Instance {
         id: String,
     ) -> Result<Arc<Instance>, String> {
         let run_dir = cfg.run_dir.join(&id);
-        prepare_run_dir(&run_dir, cfg.sandbox_uid, cfg.sandbox_gid)
-            .map_err(|e| format!("cannot prepare instance directory {}: {e}", run_dir.display()))?;
+        prepare_run_dir(&run_dir, cfg.sandbox_uid, cfg.sandbox_gid).map_err(|e| {
+            format!(
+                "cannot prepare instance directory {}: {e}",
+                run_dir.display()
+            )
+        })?;
         let spec = process_spec(cfg, d, &id, &run_dir);
         let mut child = match sandbox.spawn(&spec) {
             Ok(child) => child,
@@ -87,8 +91,17 @@ impl Instance {
         });
 
         let explain = |what: String, tail: &Mutex<VecDeque<String>>| {
-            let lines: Vec<String> = tail.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
-            if lines.is_empty() { what } else { format!("{what}: {}", lines.join("\n")) }
+            let lines: Vec<String> = tail
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .cloned()
+                .collect();
+            if lines.is_empty() {
+                what
+            } else {
+                format!("{what}: {}", lines.join("\n"))
+            }
         };
         let start_timeout = cfg.start_timeout;
         let signalled = tokio::select! {
@@ -99,10 +112,11 @@ impl Instance {
         if let Err(why) = signalled {
             killer.kill();
             // Let the exit status and the last stderr lines arrive, to say why.
-            let exit = tokio::time::timeout(Duration::from_secs(2), exit_rx.wait_for(|e| e.is_some()))
-                .await
-                .ok()
-                .and_then(|r| r.ok().and_then(|e| e.clone()));
+            let exit =
+                tokio::time::timeout(Duration::from_secs(2), exit_rx.wait_for(|e| e.is_some()))
+                    .await
+                    .ok()
+                    .and_then(|r| r.ok().and_then(|e| e.clone()));
             tokio::time::sleep(Duration::from_millis(20)).await;
             let _ = std::fs::remove_dir_all(&run_dir);
             let what = match (why.is_empty(), exit) {
@@ -128,7 +142,10 @@ impl Instance {
         });
         if let Err(e) = instance.readiness_check().await {
             instance.kill();
-            return Err(explain(format!("instance failed its readiness check: {e}"), &tail));
+            return Err(explain(
+                format!("instance failed its readiness check: {e}"),
+                &tail,
+            ));
         }
         instance.state.store(READY, Ordering::Release);
         Ok(instance)
@@ -144,13 +161,23 @@ impl Instance {
         let status = resp.status();
         let _ = resp.into_body().collect().await;
         self.checkin(sender);
-        if status.is_success() { Ok(()) } else { Err(format!("status {status}")) }
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!("status {status}"))
+        }
     }
 
     /// Sends one event and returns (handler returned normally, body).
-    pub async fn call(&self, req: &InvokeRequest, timeout: Option<Duration>) -> Result<(bool, Bytes), CallError> {
+    pub async fn call(
+        &self,
+        req: &InvokeRequest,
+        timeout: Option<Duration>,
+    ) -> Result<(bool, Bytes), CallError> {
         let deadline_ms = timeout.map(|t| {
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
             (now + t).as_millis().to_string()
         });
         let work = async {
@@ -163,11 +190,12 @@ impl Instance {
             if let Some(deadline) = &deadline_ms {
                 builder = builder.header("x-sless-deadline-ms", deadline);
             }
-            let request = builder.body(Full::new(req.event.clone())).map_err(|e| CallError::Failed(e.to_string()))?;
-            let resp = sender
-                .send_request(request)
-                .await
-                .map_err(|e| CallError::Failed(format!("instance failed without answering ({e})")))?;
+            let request = builder
+                .body(Full::new(req.event.clone()))
+                .map_err(|e| CallError::Failed(e.to_string()))?;
+            let resp = sender.send_request(request).await.map_err(|e| {
+                CallError::Failed(format!("instance failed without answering ({e})"))
+            })?;
             let status = resp.status().as_u16();
             let body = resp
                 .into_body()
@@ -179,11 +207,15 @@ impl Instance {
             match status {
                 200 => Ok((true, body)),
                 500 => Ok((false, body)),
-                other => Err(CallError::Failed(format!("instance answered status {other}, which the protocol does not allow"))),
+                other => Err(CallError::Failed(format!(
+                    "instance answered status {other}, which the protocol does not allow"
+                ))),
             }
         };
         let result = match timeout {
-            Some(t) => tokio::time::timeout(t, work).await.unwrap_or(Err(CallError::Timeout)),
+            Some(t) => tokio::time::timeout(t, work)
+                .await
+                .unwrap_or(Err(CallError::Timeout)),
             None => work.await,
         };
         *self.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
@@ -219,7 +251,10 @@ impl Instance {
     }
 
     pub fn idle_for(&self) -> Duration {
-        self.last_used.lock().unwrap_or_else(|e| e.into_inner()).elapsed()
+        self.last_used
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed()
     }
 
     /// Kills the instance on purpose (its exit will not count as a crash).
@@ -257,12 +292,18 @@ fn prepare_run_dir(dir: &std::path::Path, uid: u32, gid: u32) -> std::io::Result
     }
 }
 
-fn process_spec(cfg: &ExecutorConfig, d: &Deployment, id: &str, run_dir: &std::path::Path) -> ProcessSpec {
+fn process_spec(
+    cfg: &ExecutorConfig,
+    d: &Deployment,
+    id: &str,
+    run_dir: &std::path::Path,
+) -> ProcessSpec {
     let (program, shim) = match d.family {
         RuntimeFamily::Nodejs => (cfg.node.clone(), "/runtime/node/sless_runtime.js"),
         _ => (cfg.python.clone(), "/runtime/python/sless_runtime.py"),
     };
-    let mut env: Vec<(String, String)> = d.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut env: Vec<(String, String)> =
+        d.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     let fixed = [
         ("PATH", "/usr/local/bin:/usr/bin:/bin".to_string()),
         ("HOME", "/tmp".to_string()),
@@ -283,12 +324,28 @@ fn process_spec(cfg: &ExecutorConfig, d: &Deployment, id: &str, run_dir: &std::p
         env.push((k.to_string(), v));
     }
     let mut mounts = vec![
-        Mount { source: d.code_dir.clone(), target: "/code".into(), writable: false },
-        Mount { source: cfg.runtime_dir.clone(), target: "/runtime".into(), writable: false },
-        Mount { source: run_dir.to_path_buf(), target: "/run/sless".into(), writable: true },
+        Mount {
+            source: d.code_dir.clone(),
+            target: "/code".into(),
+            writable: false,
+        },
+        Mount {
+            source: cfg.runtime_dir.clone(),
+            target: "/runtime".into(),
+            writable: false,
+        },
+        Mount {
+            source: run_dir.to_path_buf(),
+            target: "/run/sless".into(),
+            writable: true,
+        },
     ];
     if let Some(deps) = &d.deps_dir {
-        mounts.push(Mount { source: deps.clone(), target: "/deps".into(), writable: false });
+        mounts.push(Mount {
+            source: deps.clone(),
+            target: "/deps".into(),
+            writable: false,
+        });
     }
     ProcessSpec {
         id: id.to_string(),
@@ -306,11 +363,16 @@ fn process_spec(cfg: &ExecutorConfig, d: &Deployment, id: &str, run_dir: &std::p
 
 /// Waits for the shim's `ready` line on the readiness pipe.
 async fn wait_ready_line(ready: Option<tokio::net::unix::pipe::Receiver>) -> Result<(), String> {
-    let Some(mut ready) = ready else { return Err("has no readiness pipe".into()) };
+    let Some(mut ready) = ready else {
+        return Err("has no readiness pipe".into());
+    };
     let mut buf = [0u8; 16];
     let mut got = Vec::new();
     loop {
-        let n = ready.read(&mut buf).await.map_err(|e| format!("readiness pipe failed: {e}"))?;
+        let n = ready
+            .read(&mut buf)
+            .await
+            .map_err(|e| format!("readiness pipe failed: {e}"))?;
         if n == 0 {
             return Err(String::new());
         }
@@ -325,7 +387,12 @@ async fn wait_ready_line(ready: Option<tokio::net::unix::pipe::Receiver>) -> Res
 }
 
 /// Copies an instance's output into its function's log, line by line.
-async fn pump<R: AsyncRead + Unpin>(out: R, sink: LogSink, stream: &'static str, tail: Option<Arc<Mutex<VecDeque<String>>>>) {
+async fn pump<R: AsyncRead + Unpin>(
+    out: R,
+    sink: LogSink,
+    stream: &'static str,
+    tail: Option<Arc<Mutex<VecDeque<String>>>>,
+) {
     let mut lines = BufReader::new(out);
     let mut buf = Vec::new();
     loop {

@@ -133,7 +133,11 @@ pub struct Executor {
 }
 
 impl Executor {
-    pub fn new(cfg: ExecutorConfig, sandbox: Arc<Sandbox>, logs: Arc<LogStore>) -> std::io::Result<Arc<Self>> {
+    pub fn new(
+        cfg: ExecutorConfig,
+        sandbox: Arc<Sandbox>,
+        logs: Arc<LogStore>,
+    ) -> std::io::Result<Arc<Self>> {
         std::fs::create_dir_all(&cfg.run_dir)?;
         let executor = Arc::new(Self {
             cfg: Arc::new(cfg),
@@ -149,7 +153,9 @@ impl Executor {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let Some(executor) = weak.upgrade() else { break };
+                let Some(executor) = weak.upgrade() else {
+                    break;
+                };
                 for pool in executor.all_pools() {
                     pool.reap_idle();
                 }
@@ -160,11 +166,18 @@ impl Executor {
 
     fn pool(&self, namespace: &str, name: &str) -> Option<Arc<Pool>> {
         let pools = self.pools.read().unwrap_or_else(|e| e.into_inner());
-        pools.get(&(namespace.to_string(), name.to_string())).cloned()
+        pools
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
     }
 
     fn all_pools(&self) -> Vec<Arc<Pool>> {
-        self.pools.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+        self.pools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Makes `deployment` the revision that serves its function. With
@@ -204,7 +217,11 @@ impl Executor {
     /// Stops serving a function: from now on it is unknown; its instances finish
     /// what they are doing and stop.
     pub fn remove(&self, namespace: &str, name: &str) {
-        let pool = self.pools.write().unwrap_or_else(|e| e.into_inner()).remove(&(namespace.to_string(), name.to_string()));
+        let pool = self
+            .pools
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(namespace.to_string(), name.to_string()));
         if let Some(pool) = pool {
             pool.close();
         }
@@ -212,7 +229,9 @@ impl Executor {
 
     /// Instance counts of a function's current revision.
     pub fn counts(&self, namespace: &str, name: &str) -> InstanceCounts {
-        self.pool(namespace, name).map(|p| p.counts()).unwrap_or_default()
+        self.pool(namespace, name)
+            .map(|p| p.counts())
+            .unwrap_or_default()
     }
 
     /// The latest problem a function's instances had (crash, OOM kill), if any
@@ -222,14 +241,25 @@ impl Executor {
     }
 
     /// Sends one event to the function and waits for the handler's answer.
-    pub async fn invoke(&self, namespace: &str, name: &str, request: InvokeRequest) -> Result<InvokeResponse, InvokeError> {
+    pub async fn invoke(
+        &self,
+        namespace: &str,
+        name: &str,
+        request: InvokeRequest,
+    ) -> Result<InvokeResponse, InvokeError> {
         let pool = self.pool(namespace, name).ok_or(InvokeError::NotFound)?;
         pool.invoke(request).await
     }
 
     /// Stops every instance, letting in-flight requests finish for up to `grace`.
     pub async fn shutdown(&self, grace: Duration) {
-        let pools: Vec<_> = self.pools.write().unwrap_or_else(|e| e.into_inner()).drain().map(|(_, p)| p).collect();
+        let pools: Vec<_> = self
+            .pools
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, p)| p)
+            .collect();
         for pool in &pools {
             pool.close();
         }

@@ -88,7 +88,10 @@ impl Pool {
 
     pub fn counts(&self) -> InstanceCounts {
         let st = self.lock();
-        InstanceCounts { ready: st.instances.len() as u32, starting: st.starting }
+        InstanceCounts {
+            ready: st.instances.len() as u32,
+            starting: st.starting,
+        }
     }
 
     pub fn is_private(&self) -> bool {
@@ -137,7 +140,10 @@ impl Pool {
                 instance.kill();
                 instance.cleanup();
             }
-            self.sink.line("sless", &format!("revision {} did not start: {e}", d.revision));
+            self.sink.line(
+                "sless",
+                &format!("revision {} did not start: {e}", d.revision),
+            );
             return Err(DeployError::InstanceFailed(e));
         }
         let mut st = self.lock();
@@ -157,7 +163,8 @@ impl Pool {
     /// Makes `d` current with the `fresh` instances already started for it: old
     /// instances drain, and the minimum is topped up.
     fn switch(&self, st: &mut State, d: Arc<Deployment>, fresh: Vec<Arc<Instance>>) {
-        let revision_changed = st.deployment.revision != d.revision || st.deployment.code_dir != d.code_dir;
+        let revision_changed =
+            st.deployment.revision != d.revision || st.deployment.code_dir != d.code_dir;
         let same_instances_fit = !revision_changed && *st.deployment == *d;
         st.deployment = d;
         st.activated = true;
@@ -237,10 +244,13 @@ impl Pool {
         let delay = if st.failures == 0 {
             Duration::ZERO
         } else {
-            (Duration::from_millis(100) * 2u32.saturating_pow(st.failures.min(16) - 1)).min(MAX_BACKOFF)
+            (Duration::from_millis(100) * 2u32.saturating_pow(st.failures.min(16) - 1))
+                .min(MAX_BACKOFF)
         };
         let id = self.next_id();
-        let Some(pool) = self.me.upgrade() else { return };
+        let Some(pool) = self.me.upgrade() else {
+            return;
+        };
         tokio::spawn(async move {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
@@ -251,7 +261,8 @@ impl Pool {
             match result {
                 Ok(instance) => {
                     pool.watch(&instance);
-                    let current = st.deployment.revision == d.revision && st.deployment.code_dir == d.code_dir;
+                    let current = st.deployment.revision == d.revision
+                        && st.deployment.code_dir == d.code_dir;
                     if st.closed || !current || st.deployment.paused {
                         pool.drain(&mut st, instance);
                     } else {
@@ -275,7 +286,9 @@ impl Pool {
     /// Follows an instance until it exits, then forgets it and, if it was not
     /// stopped on purpose, reports the crash and replaces it as needed.
     fn watch(&self, instance: &Arc<Instance>) {
-        let Some(pool) = self.me.upgrade() else { return };
+        let Some(pool) = self.me.upgrade() else {
+            return;
+        };
         let instance = instance.clone();
         tokio::spawn(async move {
             let mut exit = instance.exit.clone();
@@ -370,36 +383,59 @@ impl Pool {
             }
             if st.failed_starts != seen_failures && st.instances.is_empty() && st.starting == 0 {
                 let why = st.last_error.clone().unwrap_or_default();
-                return Err(InvokeError::Unavailable(format!("function {} could not start: {why}", st.deployment.name)));
+                return Err(InvokeError::Unavailable(format!(
+                    "function {} could not start: {why}",
+                    st.deployment.name
+                )));
             }
         };
 
-        let _permit = Permit { pool: self, instance: &instance };
+        let _permit = Permit {
+            pool: self,
+            instance: &instance,
+        };
         let timeout = match deployment.timeout_sec {
             0 => None,
             s => Some(Duration::from_secs(u64::from(s))),
         };
         match instance.call(&request, timeout).await {
-            Ok((ok, body)) => Ok(InvokeResponse { ok, body, cold_start, revision: instance.revision }),
+            Ok((ok, body)) => Ok(InvokeResponse {
+                ok,
+                body,
+                cold_start,
+                revision: instance.revision,
+            }),
             Err(CallError::Timeout) => {
                 // The handler may be stuck (a busy loop cannot be interrupted), so the
                 // instance takes no more requests and is replaced.
                 let mut st = self.lock();
                 if let Some(pos) = st.instances.iter().position(|i| Arc::ptr_eq(i, &instance)) {
                     let retired = st.instances.remove(pos);
-                    self.sink.line("sless", &format!("instance {} is recycled after a request timed out", retired.id));
+                    self.sink.line(
+                        "sless",
+                        &format!(
+                            "instance {} is recycled after a request timed out",
+                            retired.id
+                        ),
+                    );
                     self.drain(&mut st, retired);
                     self.ensure_min(&mut st);
                 }
-                Err(InvokeError::Timeout { name: deployment.name.clone(), seconds: deployment.timeout_sec })
+                Err(InvokeError::Timeout {
+                    name: deployment.name.clone(),
+                    seconds: deployment.timeout_sec,
+                })
             }
             Err(CallError::Failed(why)) => {
                 // Give the exit status a moment to arrive so the error can say what happened.
                 let mut exit = instance.exit.clone();
-                let exited = tokio::time::timeout(Duration::from_millis(200), exit.wait_for(|e| e.is_some()))
-                    .await
-                    .ok()
-                    .and_then(|r| r.ok().and_then(|e| e.clone()));
+                let exited = tokio::time::timeout(
+                    Duration::from_millis(200),
+                    exit.wait_for(|e| e.is_some()),
+                )
+                .await
+                .ok()
+                .and_then(|r| r.ok().and_then(|e| e.clone()));
                 Err(InvokeError::InstanceFailed(match exited {
                     Some(exit) => format!("function instance {exit} without answering"),
                     None => why,

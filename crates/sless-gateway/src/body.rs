@@ -35,7 +35,12 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
     }
     match http_body_util::Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(BodyError::TooLarge(limit)),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(BodyError::TooLarge(limit))
+        }
         Err(_) => Err(BodyError::Unreadable),
     }
 }

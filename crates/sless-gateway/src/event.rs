@@ -6,11 +6,25 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 /// Headers that describe one hop, not the request; they never reach a function.
-pub(crate) const HOP_BY_HOP: &[&str] =
-    &["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade"];
+pub(crate) const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
 
 /// Encodes the event as JSON bytes.
-pub(crate) fn http_event(method: &Method, path: &str, query: Option<&str>, headers: &HeaderMap, body: &[u8]) -> Bytes {
+pub(crate) fn http_event(
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Bytes {
     let mut q = Map::new();
     if let Some(query) = query {
         for (k, v) in form_urlencoded::parse(query.as_bytes()) {
@@ -38,9 +52,18 @@ pub(crate) fn http_event(method: &Method, path: &str, query: Option<&str>, heade
     let content_type = headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
         .unwrap_or_default();
-    let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let accept = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
     let event = serde_json::json!({
         "method": method.as_str(),
         "path": path,
@@ -54,10 +77,11 @@ pub(crate) fn http_event(method: &Method, path: &str, query: Option<&str>, heade
 
 fn parse_body(content_type: &str, body: &[u8]) -> Value {
     let is_json = content_type == "application/json" || content_type.ends_with("+json");
-    if is_json && !body.is_empty() {
-        if let Ok(v) = serde_json::from_slice(body) {
-            return v;
-        }
+    if is_json
+        && !body.is_empty()
+        && let Ok(v) = serde_json::from_slice(body)
+    {
+        return v;
     }
     if content_type == "application/x-www-form-urlencoded" {
         let mut form = Map::new();
@@ -74,17 +98,32 @@ mod tests {
     use super::*;
     use axum::http::HeaderValue;
 
-    fn event(method: Method, path: &str, query: Option<&str>, headers: &[(&str, &str)], body: &[u8]) -> Value {
+    fn event(
+        method: Method,
+        path: &str,
+        query: Option<&str>,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Value {
         let mut map = HeaderMap::new();
         for (k, v) in headers {
-            map.append(axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+            map.append(
+                axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
         }
         serde_json::from_slice(&http_event(&method, path, query, &map, body)).unwrap()
     }
 
     #[test]
     fn json_bodies_are_parsed() {
-        let e = event(Method::POST, "/", None, &[("content-type", "application/json; charset=utf-8")], br#"{"name":"Ada"}"#);
+        let e = event(
+            Method::POST,
+            "/",
+            None,
+            &[("content-type", "application/json; charset=utf-8")],
+            br#"{"name":"Ada"}"#,
+        );
         assert_eq!(e["body"], serde_json::json!({"name": "Ada"}));
         assert_eq!(e["method"], "POST");
         assert_eq!(e["path"], "/");
@@ -92,15 +131,33 @@ mod tests {
 
     #[test]
     fn form_bodies_become_maps_last_value_wins() {
-        let e = event(Method::POST, "/", None, &[("content-type", "application/x-www-form-urlencoded")], b"a=1&b=x+y&a=2");
+        let e = event(
+            Method::POST,
+            "/",
+            None,
+            &[("content-type", "application/x-www-form-urlencoded")],
+            b"a=1&b=x+y&a=2",
+        );
         assert_eq!(e["body"], serde_json::json!({"a": "2", "b": "x y"}));
     }
 
     #[test]
     fn other_bodies_are_text_and_broken_json_stays_text() {
-        let e = event(Method::PUT, "/x/y", None, &[("content-type", "text/plain")], b"hello");
+        let e = event(
+            Method::PUT,
+            "/x/y",
+            None,
+            &[("content-type", "text/plain")],
+            b"hello",
+        );
         assert_eq!(e["body"], "hello");
-        let e = event(Method::PUT, "/", None, &[("content-type", "application/json")], b"{nope");
+        let e = event(
+            Method::PUT,
+            "/",
+            None,
+            &[("content-type", "application/json")],
+            b"{nope",
+        );
         assert_eq!(e["body"], "{nope");
         let e = event(Method::GET, "/", None, &[], b"");
         assert_eq!(e["body"], "");
@@ -112,7 +169,12 @@ mod tests {
             Method::GET,
             "/p",
             Some("a=1&b=two%20words&a=3"),
-            &[("X-Custom", "v"), ("Connection", "keep-alive"), ("Accept", "text/html"), ("transfer-encoding", "chunked")],
+            &[
+                ("X-Custom", "v"),
+                ("Connection", "keep-alive"),
+                ("Accept", "text/html"),
+                ("transfer-encoding", "chunked"),
+            ],
             b"",
         );
         assert_eq!(e["query"], serde_json::json!({"a": "3", "b": "two words"}));

@@ -47,7 +47,11 @@ pub fn router(gateway: Gateway) -> Router {
         .with_state(gateway)
 }
 
-async fn invoke_root(State(gw): State<Gateway>, Path((ns, name)): Path<(String, String)>, req: Request) -> Response {
+async fn invoke_root(
+    State(gw): State<Gateway>,
+    Path((ns, name)): Path<(String, String)>,
+    req: Request,
+) -> Response {
     handle(gw, ns, name, "/".to_string(), req).await
 }
 
@@ -78,8 +82,21 @@ async fn handle(gw: Gateway, ns: String, name: String, path: String, req: Reques
     response
 }
 
-async fn serve(gw: &Gateway, ns: &str, name: &str, path: String, req: Request, request_id: &str) -> Response {
-    let not_found = || error_response(StatusCode::NOT_FOUND, "not_found", &format!("function {ns}/{name} not found"));
+async fn serve(
+    gw: &Gateway,
+    ns: &str,
+    name: &str,
+    path: String,
+    req: Request,
+    request_id: &str,
+) -> Response {
+    let not_found = || {
+        error_response(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!("function {ns}/{name} not found"),
+        )
+    };
     match gw.executor.is_private(ns, name) {
         None => return not_found(),
         Some(true) => {
@@ -89,7 +106,13 @@ async fn serve(gw: &Gateway, ns: &str, name: &str, path: String, req: Request, r
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.strip_prefix("Bearer "));
             match token {
-                None => return error_response(StatusCode::UNAUTHORIZED, "unauthorized", "this function is private: send a bearer token of its namespace"),
+                None => {
+                    return error_response(
+                        StatusCode::UNAUTHORIZED,
+                        "unauthorized",
+                        "this function is private: send a bearer token of its namespace",
+                    );
+                }
                 // A token of another namespace must not learn that the function exists.
                 Some(token) if !gw.authorizer.may_invoke(token, ns).await => return not_found(),
                 Some(_) => {}
@@ -101,14 +124,28 @@ async fn serve(gw: &Gateway, ns: &str, name: &str, path: String, req: Request, r
     let (parts, body) = req.into_parts();
     let body = match read_body(&parts.headers, body, gw.max_body).await {
         Ok(body) => body,
-        Err(e @ BodyError::TooLarge(_)) => return error_response(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", &e.to_string()),
+        Err(e @ BodyError::TooLarge(_)) => {
+            return error_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                &e.to_string(),
+            );
+        }
         Err(e) => return error_response(StatusCode::BAD_REQUEST, "bad_request", &e.to_string()),
     };
 
     let is_head = parts.method == Method::HEAD;
-    let method = if is_head { Method::GET } else { parts.method.clone() };
+    let method = if is_head {
+        Method::GET
+    } else {
+        parts.method.clone()
+    };
     let event = event::http_event(&method, &path, parts.uri.query(), &parts.headers, &body);
-    let request = InvokeRequest { event, request_id: request_id.to_string(), source: "http" };
+    let request = InvokeRequest {
+        event,
+        request_id: request_id.to_string(),
+        source: "http",
+    };
     let mut response = match gw.executor.invoke(ns, name, request).await {
         Ok(r) => result_response(r.ok, &r.body),
         Err(InvokeError::NotFound) => not_found(),

@@ -35,12 +35,17 @@ pub fn invoke_error_response(e: &InvokeError) -> Response {
 fn plain(status: StatusCode, content_type: &'static str, body: Bytes) -> Response {
     let mut r = Response::new(Body::from(body));
     *r.status_mut() = status;
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     r
 }
 
 fn text_type(s: &str) -> &'static str {
-    if s.trim_start().starts_with('<') { HTML } else { TEXT }
+    if s.trim_start().starts_with('<') {
+        HTML
+    } else {
+        TEXT
+    }
 }
 
 /// Maps the shim's answer to a response: `ok == false` is the handler's exception
@@ -73,22 +78,34 @@ pub fn result_response(ok: bool, body: &Bytes) -> Response {
 /// `{"statusCode": N, "headers": {...}, "body": ..., "isBase64Encoded": bool}`.
 fn structured(mut map: serde_json::Map<String, Value>) -> Response {
     let code = map.get("statusCode").and_then(Value::as_u64).unwrap_or(200);
-    let Some(status) = u16::try_from(code).ok().and_then(|c| StatusCode::from_u16(c).ok()) else {
+    let Some(status) = u16::try_from(code)
+        .ok()
+        .and_then(|c| StatusCode::from_u16(c).ok())
+    else {
         return crate::error_response(
             StatusCode::BAD_GATEWAY,
             "bad_status",
             &format!("the function returned statusCode {code}, which is not an HTTP status"),
         );
     };
-    let base64 = map.get("isBase64Encoded").and_then(Value::as_bool).unwrap_or(false);
+    let base64 = map
+        .get("isBase64Encoded")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let (body, default_type): (Bytes, Option<&'static str>) = match map.remove("body") {
         None | Some(Value::Null) => (Bytes::new(), None),
-        Some(Value::String(s)) if base64 => match base64::engine::general_purpose::STANDARD.decode(s.as_bytes()) {
-            Ok(raw) => (Bytes::from(raw), Some("application/octet-stream")),
-            Err(_) => {
-                return crate::error_response(StatusCode::BAD_GATEWAY, "bad_body", "the function's isBase64Encoded body is not valid base64");
+        Some(Value::String(s)) if base64 => {
+            match base64::engine::general_purpose::STANDARD.decode(s.as_bytes()) {
+                Ok(raw) => (Bytes::from(raw), Some("application/octet-stream")),
+                Err(_) => {
+                    return crate::error_response(
+                        StatusCode::BAD_GATEWAY,
+                        "bad_body",
+                        "the function's isBase64Encoded body is not valid base64",
+                    );
+                }
             }
-        },
+        }
         Some(Value::String(s)) => {
             let ct = text_type(&s);
             (Bytes::from(s), Some(ct))
@@ -104,7 +121,9 @@ fn structured(mut map: serde_json::Map<String, Value>) -> Response {
                 Value::Null => continue,
                 other => other.to_string(),
             };
-            let Ok(name) = HeaderName::from_bytes(k.as_bytes()) else { continue };
+            let Ok(name) = HeaderName::from_bytes(k.as_bytes()) else {
+                continue;
+            };
             if HOP_BY_HOP.contains(&name.as_str()) || name == header::CONTENT_LENGTH {
                 continue;
             }
@@ -113,10 +132,11 @@ fn structured(mut map: serde_json::Map<String, Value>) -> Response {
             }
         }
     }
-    if !r.headers().contains_key(header::CONTENT_TYPE) {
-        if let Some(ct) = default_type {
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
-        }
+    if !r.headers().contains_key(header::CONTENT_TYPE)
+        && let Some(ct) = default_type
+    {
+        r.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
     }
     r
 }
@@ -129,10 +149,18 @@ mod tests {
     async fn map(ok: bool, body: &str) -> (u16, Option<String>, String, Response) {
         let r = result_response(ok, &Bytes::from(body.to_string()));
         let status = r.status().as_u16();
-        let ct = r.headers().get(header::CONTENT_TYPE).map(|v| v.to_str().unwrap().to_string());
+        let ct = r
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_string());
         let (parts, b) = r.into_parts();
         let bytes = b.collect().await.unwrap().to_bytes();
-        (status, ct, String::from_utf8(bytes.to_vec()).unwrap(), Response::from_parts(parts, Body::empty()))
+        (
+            status,
+            ct,
+            String::from_utf8(bytes.to_vec()).unwrap(),
+            Response::from_parts(parts, Body::empty()),
+        )
     }
 
     #[tokio::test]
@@ -147,20 +175,33 @@ mod tests {
     async fn strings_are_text_or_html() {
         assert_eq!(map(true, r#""hello""#).await.1.as_deref(), Some(TEXT));
         let (s, ct, b, _) = map(true, r#""<h1>hi</h1>""#).await;
-        assert_eq!((s, ct.as_deref(), b.as_str()), (200, Some(HTML), "<h1>hi</h1>"));
+        assert_eq!(
+            (s, ct.as_deref(), b.as_str()),
+            (200, Some(HTML), "<h1>hi</h1>")
+        );
     }
 
     #[tokio::test]
     async fn status_code_objects_are_exact_responses() {
         let (s, ct, b, r) =
             map(true, r#"{"statusCode": 201, "headers": {"X-A": "b", "Content-Type": "text/csv"}, "body": "a,b"}"#).await;
-        assert_eq!((s, ct.as_deref(), b.as_str()), (201, Some("text/csv"), "a,b"));
+        assert_eq!(
+            (s, ct.as_deref(), b.as_str()),
+            (201, Some("text/csv"), "a,b")
+        );
         assert_eq!(r.headers()["x-a"], "b");
         let (s, ct, b, _) = map(true, r#"{"statusCode": 404, "body": {"missing": true}}"#).await;
-        assert_eq!((s, ct.as_deref(), b.as_str()), (404, Some(JSON), r#"{"missing":true}"#));
+        assert_eq!(
+            (s, ct.as_deref(), b.as_str()),
+            (404, Some(JSON), r#"{"missing":true}"#)
+        );
         let (s, _, b, _) = map(true, r#"{"statusCode": 204}"#).await;
         assert_eq!((s, b.as_str()), (204, ""));
-        let (s, _, b, _) = map(true, r#"{"statusCode": 200, "body": "aGk=", "isBase64Encoded": true}"#).await;
+        let (s, _, b, _) = map(
+            true,
+            r#"{"statusCode": 200, "body": "aGk=", "isBase64Encoded": true}"#,
+        )
+        .await;
         assert_eq!((s, b.as_str()), (200, "hi"));
         let (s, _, _, _) = map(true, r#"{"statusCode": 99}"#).await;
         assert_eq!(s, 502);
@@ -169,6 +210,9 @@ mod tests {
     #[tokio::test]
     async fn exceptions_are_500_with_the_message() {
         let (s, ct, b, _) = map(false, r#"{"error": "boom"}"#).await;
-        assert_eq!((s, ct.as_deref(), b.as_str()), (500, Some(JSON), r#"{"error": "boom"}"#));
+        assert_eq!(
+            (s, ct.as_deref(), b.as_str()),
+            (500, Some(JSON), r#"{"error": "boom"}"#)
+        );
     }
 }

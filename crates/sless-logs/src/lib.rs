@@ -40,7 +40,11 @@ impl LogStore {
     /// Logs live under `dir`; each function keeps at most `max_bytes` on disk.
     pub fn new(dir: PathBuf, max_bytes: u64) -> io::Result<Self> {
         fs::create_dir_all(&dir)?;
-        Ok(Self { dir, max_bytes: max_bytes.max(1024), logs: Mutex::new(HashMap::new()) })
+        Ok(Self {
+            dir,
+            max_bytes: max_bytes.max(1024),
+            logs: Mutex::new(HashMap::new()),
+        })
     }
 
     fn get(&self, namespace: &str, name: &str) -> Arc<FunctionLog> {
@@ -91,8 +95,14 @@ impl LogStore {
 
     /// Forgets a function's log and deletes its files (the function was deleted).
     pub fn remove(&self, namespace: &str, name: &str) {
-        let log = self.logs.lock().unwrap_or_else(|e| e.into_inner()).remove(&(namespace.to_string(), name.to_string()));
-        let path = log.map(|l| l.path.clone()).unwrap_or_else(|| self.dir.join(namespace).join(format!("{name}.log")));
+        let log = self
+            .logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(namespace.to_string(), name.to_string()));
+        let path = log
+            .map(|l| l.path.clone())
+            .unwrap_or_else(|| self.dir.join(namespace).join(format!("{name}.log")));
         let _ = fs::remove_file(rotated(&path));
         let _ = fs::remove_file(&path);
     }
@@ -134,14 +144,22 @@ impl LogSink {
             if let Some(parent) = log.path.parent() {
                 fs::create_dir_all(parent)?;
             }
-            let file = OpenOptions::new().create(true).append(true).open(&log.path)?;
+            let file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log.path)?;
             let len = file.metadata()?.len();
             *guard = Some((file, len));
         }
-        let Some((file, len)) = guard.as_mut() else { return Ok(()) };
+        let Some((file, len)) = guard.as_mut() else {
+            return Ok(());
+        };
         if *len + line.len() as u64 + 1 > log.max_bytes / 2 {
             fs::rename(&log.path, rotated(&log.path))?;
-            *file = OpenOptions::new().create(true).append(true).open(&log.path)?;
+            *file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log.path)?;
             *len = 0;
         }
         let mut buf = Vec::with_capacity(line.len() + 1);
@@ -179,7 +197,10 @@ mod tests {
         for i in 0..2000 {
             sink.line("stderr", &format!("message number {i}"));
         }
-        let total: u64 = fs::read_dir(dir.path().join("ns")).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+        let total: u64 = fs::read_dir(dir.path().join("ns"))
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum();
         assert!(total <= 8 * 1024, "{total} bytes on disk");
         let tail = store.tail("ns", "f", 1).unwrap();
         assert!(tail[0].ends_with("message number 1999"));

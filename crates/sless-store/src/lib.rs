@@ -93,11 +93,22 @@ pub trait Store: Send + Sync + 'static {
     async fn list_functions(&self, namespace: Option<&str>) -> Result<Vec<FunctionRecord>>;
     /// Applies a change and returns the record as it now stands. Changes to one
     /// function are serialised, so concurrent writers never lose each other's edits.
-    async fn update_function(&self, namespace: &str, name: &str, change: FunctionChange) -> Result<FunctionRecord>;
+    async fn update_function(
+        &self,
+        namespace: &str,
+        name: &str,
+        change: FunctionChange,
+    ) -> Result<FunctionRecord>;
     /// Records the controller's view of `revision`. Ignored (returns `false`) when
     /// the function has moved on to a newer revision meanwhile, so a slow build of
     /// old code can never overwrite the status of newer code.
-    async fn set_status(&self, namespace: &str, name: &str, revision: u64, status: &FunctionStatus) -> Result<bool>;
+    async fn set_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        revision: u64,
+        status: &FunctionStatus,
+    ) -> Result<bool>;
     async fn delete_function(&self, namespace: &str, name: &str) -> Result<()>;
 
     /// Stores a namespace token by the hash of its secret.

@@ -5,7 +5,9 @@ use std::str::FromStr;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
 use sqlx::{Row, SqlitePool};
 use tokio::sync::Mutex;
 
@@ -28,17 +30,29 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
             .busy_timeout(std::time::Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self { pool, write: Mutex::new(()) })
+        Ok(Self {
+            pool,
+            write: Mutex::new(()),
+        })
     }
 
     /// An in-memory database, for tests.
     pub async fn in_memory() -> Result<Self> {
         let options = SqliteConnectOptions::from_str("sqlite::memory:")?.foreign_keys(true);
-        let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self { pool, write: Mutex::new(()) })
+        Ok(Self {
+            pool,
+            write: Mutex::new(()),
+        })
     }
 }
 
@@ -47,7 +61,9 @@ fn now() -> String {
 }
 
 fn time(s: &str) -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339(s).map(|t| t.with_timezone(&Utc)).unwrap_or_default()
+    DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&Utc))
+        .unwrap_or_default()
 }
 
 fn function_from_row(row: &SqliteRow) -> Result<FunctionRecord> {
@@ -81,11 +97,13 @@ impl Store for SqliteStore {
     }
 
     async fn ensure_namespace(&self, name: &str) -> Result<bool> {
-        let done = sqlx::query("INSERT INTO namespaces (name, created_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING")
-            .bind(name)
-            .bind(now())
-            .execute(&self.pool)
-            .await?;
+        let done = sqlx::query(
+            "INSERT INTO namespaces (name, created_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(name)
+        .bind(now())
+        .execute(&self.pool)
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -94,91 +112,160 @@ impl Store for SqliteStore {
             .bind(name)
             .fetch_optional(&self.pool)
             .await?
-            .ok_or_else(|| StoreError::NotFound { kind: "namespace", name: name.to_string() })?;
-        Ok(Namespace { name: row.try_get("name")?, created_at: time(row.try_get::<&str, _>("created_at")?) })
+            .ok_or_else(|| StoreError::NotFound {
+                kind: "namespace",
+                name: name.to_string(),
+            })?;
+        Ok(Namespace {
+            name: row.try_get("name")?,
+            created_at: time(row.try_get::<&str, _>("created_at")?),
+        })
     }
 
     async fn list_namespaces(&self) -> Result<Vec<Namespace>> {
-        let rows = sqlx::query("SELECT name, created_at FROM namespaces ORDER BY name").fetch_all(&self.pool).await?;
+        let rows = sqlx::query("SELECT name, created_at FROM namespaces ORDER BY name")
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
-            .map(|row| Ok(Namespace { name: row.try_get("name")?, created_at: time(row.try_get::<&str, _>("created_at")?) }))
+            .map(|row| {
+                Ok(Namespace {
+                    name: row.try_get("name")?,
+                    created_at: time(row.try_get::<&str, _>("created_at")?),
+                })
+            })
             .collect()
     }
 
     async fn delete_namespace(&self, name: &str, force: bool) -> Result<Vec<FunctionRecord>> {
         let _w = self.write.lock().await;
         let mut tx = self.pool.begin().await?;
-        let exists = sqlx::query("SELECT 1 FROM namespaces WHERE name = ?").bind(name).fetch_optional(&mut *tx).await?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound { kind: "namespace", name: name.to_string() });
-        }
-        let rows = sqlx::query(concat!("SELECT ", function_columns!(), " FROM functions WHERE namespace = ?"))
+        let exists = sqlx::query("SELECT 1 FROM namespaces WHERE name = ?")
             .bind(name)
-            .fetch_all(&mut *tx)
+            .fetch_optional(&mut *tx)
             .await?;
-        let functions = rows.iter().map(function_from_row).collect::<Result<Vec<_>>>()?;
+        if exists.is_none() {
+            return Err(StoreError::NotFound {
+                kind: "namespace",
+                name: name.to_string(),
+            });
+        }
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            function_columns!(),
+            " FROM functions WHERE namespace = ?"
+        ))
+        .bind(name)
+        .fetch_all(&mut *tx)
+        .await?;
+        let functions = rows
+            .iter()
+            .map(function_from_row)
+            .collect::<Result<Vec<_>>>()?;
         if !functions.is_empty() && !force {
             return Err(StoreError::NotEmpty(name.to_string()));
         }
-        sqlx::query("DELETE FROM functions WHERE namespace = ?").bind(name).execute(&mut *tx).await?;
-        sqlx::query("DELETE FROM tokens WHERE namespace = ?").bind(name).execute(&mut *tx).await?;
-        sqlx::query("DELETE FROM namespaces WHERE name = ?").bind(name).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM functions WHERE namespace = ?")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM tokens WHERE namespace = ?")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM namespaces WHERE name = ?")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(functions)
     }
 
     async fn create_function(&self, r: &FunctionRecord) -> Result<()> {
-        let result = sqlx::query(concat!("INSERT INTO functions (", function_columns!(), ") VALUES (?, ?, ?, ?, ?, ?, ?, ?)"))
-            .bind(&r.namespace)
-            .bind(&r.name)
-            .bind(serde_json::to_string(&r.spec)?)
-            .bind(serde_json::to_string(&r.status)?)
-            .bind(r.revision as i64)
-            .bind(&r.code_sha256)
-            .bind(r.created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-            .bind(r.updated_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-            .execute(&self.pool)
-            .await;
+        let result = sqlx::query(concat!(
+            "INSERT INTO functions (",
+            function_columns!(),
+            ") VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        ))
+        .bind(&r.namespace)
+        .bind(&r.name)
+        .bind(serde_json::to_string(&r.spec)?)
+        .bind(serde_json::to_string(&r.status)?)
+        .bind(r.revision as i64)
+        .bind(&r.code_sha256)
+        .bind(
+            r.created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        )
+        .bind(
+            r.updated_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        )
+        .execute(&self.pool)
+        .await;
         match result {
             Ok(_) => Ok(()),
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                Err(StoreError::Conflict { kind: "function", name: r.name.clone() })
-            }
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(StoreError::Conflict {
+                kind: "function",
+                name: r.name.clone(),
+            }),
             Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
-                Err(StoreError::NotFound { kind: "namespace", name: r.namespace.clone() })
+                Err(StoreError::NotFound {
+                    kind: "namespace",
+                    name: r.namespace.clone(),
+                })
             }
             Err(e) => Err(e.into()),
         }
     }
 
     async fn get_function(&self, namespace: &str, name: &str) -> Result<FunctionRecord> {
-        let row = sqlx::query(concat!("SELECT ", function_columns!(), " FROM functions WHERE namespace = ? AND name = ?"))
-            .bind(namespace)
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or_else(|| StoreError::NotFound { kind: "function", name: name.to_string() })?;
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            function_columns!(),
+            " FROM functions WHERE namespace = ? AND name = ?"
+        ))
+        .bind(namespace)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::NotFound {
+            kind: "function",
+            name: name.to_string(),
+        })?;
         function_from_row(&row)
     }
 
     async fn list_functions(&self, namespace: Option<&str>) -> Result<Vec<FunctionRecord>> {
         let rows = match namespace {
             Some(ns) => {
-                sqlx::query(concat!("SELECT ", function_columns!(), " FROM functions WHERE namespace = ? ORDER BY name"))
-                    .bind(ns)
-                    .fetch_all(&self.pool)
-                    .await?
+                sqlx::query(concat!(
+                    "SELECT ",
+                    function_columns!(),
+                    " FROM functions WHERE namespace = ? ORDER BY name"
+                ))
+                .bind(ns)
+                .fetch_all(&self.pool)
+                .await?
             }
             None => {
-                sqlx::query(concat!("SELECT ", function_columns!(), " FROM functions ORDER BY namespace, name"))
-                    .fetch_all(&self.pool)
-                    .await?
+                sqlx::query(concat!(
+                    "SELECT ",
+                    function_columns!(),
+                    " FROM functions ORDER BY namespace, name"
+                ))
+                .fetch_all(&self.pool)
+                .await?
             }
         };
         rows.iter().map(function_from_row).collect()
     }
 
-    async fn update_function(&self, namespace: &str, name: &str, change: FunctionChange) -> Result<FunctionRecord> {
+    async fn update_function(
+        &self,
+        namespace: &str,
+        name: &str,
+        change: FunctionChange,
+    ) -> Result<FunctionRecord> {
         let _w = self.write.lock().await;
         let mut record = self.get_function(namespace, name).await?;
         match change {
@@ -223,13 +310,15 @@ impl Store for SqliteStore {
         revision: u64,
         status: &sless_core::FunctionStatus,
     ) -> Result<bool> {
-        let done = sqlx::query("UPDATE functions SET status = ? WHERE namespace = ? AND name = ? AND revision = ?")
-            .bind(serde_json::to_string(status)?)
-            .bind(namespace)
-            .bind(name)
-            .bind(revision as i64)
-            .execute(&self.pool)
-            .await?;
+        let done = sqlx::query(
+            "UPDATE functions SET status = ? WHERE namespace = ? AND name = ? AND revision = ?",
+        )
+        .bind(serde_json::to_string(status)?)
+        .bind(namespace)
+        .bind(name)
+        .bind(revision as i64)
+        .execute(&self.pool)
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -240,7 +329,10 @@ impl Store for SqliteStore {
             .execute(&self.pool)
             .await?;
         if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound { kind: "function", name: name.to_string() });
+            return Err(StoreError::NotFound {
+                kind: "function",
+                name: name.to_string(),
+            });
         }
         Ok(())
     }
@@ -256,26 +348,45 @@ impl Store for SqliteStore {
     }
 
     async fn token_namespace(&self, hash: &str) -> Result<Option<String>> {
-        let row = sqlx::query("SELECT namespace FROM tokens WHERE hash = ?").bind(hash).fetch_optional(&self.pool).await?;
+        let row = sqlx::query("SELECT namespace FROM tokens WHERE hash = ?")
+            .bind(hash)
+            .fetch_optional(&self.pool)
+            .await?;
         Ok(row.map(|r| r.try_get("namespace")).transpose()?)
     }
 }
 
 /// Applies a merge patch to a spec: unknown fields and invalid values are named
 /// in the error; `null` resets a field to its default.
-fn apply_patch(spec: &sless_core::FunctionSpec, patch: &serde_json::Value) -> Result<sless_core::FunctionSpec> {
+fn apply_patch(
+    spec: &sless_core::FunctionSpec,
+    patch: &serde_json::Value,
+) -> Result<sless_core::FunctionSpec> {
     let serde_json::Value::Object(fields) = patch else {
-        return Err(sless_core::ValidationError::new("body", "a patch must be a JSON object").into());
+        return Err(
+            sless_core::ValidationError::new("body", "a patch must be a JSON object").into(),
+        );
     };
-    if let Some(unknown) = fields.keys().find(|k| !sless_core::function::SPEC_FIELDS.contains(&k.as_str())) {
-        return Err(sless_core::ValidationError::new(unknown.clone(), "unknown field (it cannot be changed with PATCH)").into());
+    if let Some(unknown) = fields
+        .keys()
+        .find(|k| !sless_core::function::SPEC_FIELDS.contains(&k.as_str()))
+    {
+        return Err(sless_core::ValidationError::new(
+            unknown.clone(),
+            "unknown field (it cannot be changed with PATCH)",
+        )
+        .into());
     }
     let mut doc = serde_json::to_value(spec)?;
     sless_core::patch::merge(&mut doc, patch);
-    let mut patched: sless_core::FunctionSpec = serde_path_to_error::deserialize(doc).map_err(|e| {
-        let field = e.path().to_string();
-        sless_core::ValidationError::new(if field == "." { "body".into() } else { field }, e.into_inner().to_string())
-    })?;
+    let mut patched: sless_core::FunctionSpec =
+        serde_path_to_error::deserialize(doc).map_err(|e| {
+            let field = e.path().to_string();
+            sless_core::ValidationError::new(
+                if field == "." { "body".into() } else { field },
+                e.into_inner().to_string(),
+            )
+        })?;
     let family = |r: &str| sless_core::Runtime::parse(r).ok().map(|r| r.family);
     if !fields.contains_key("entrypoint") && family(&patched.runtime) != family(&spec.runtime) {
         // Moving to another language without naming an entrypoint takes its default.
@@ -291,7 +402,8 @@ mod tests {
     use sless_core::FunctionStatus;
 
     fn record(ns: &str, name: &str) -> FunctionRecord {
-        let mut spec: sless_core::FunctionSpec = serde_json::from_value(serde_json::json!({"runtime": "python3"})).unwrap();
+        let mut spec: sless_core::FunctionSpec =
+            serde_json::from_value(serde_json::json!({"runtime": "python3"})).unwrap();
         spec.validate().unwrap();
         FunctionRecord {
             namespace: ns.into(),
@@ -310,49 +422,141 @@ mod tests {
         let store = SqliteStore::in_memory().await.unwrap();
         assert!(store.ensure_namespace("default").await.unwrap());
         assert!(!store.ensure_namespace("default").await.unwrap());
-        store.create_function(&record("default", "f")).await.unwrap();
-        let err = store.create_function(&record("default", "f")).await.unwrap_err();
+        store
+            .create_function(&record("default", "f"))
+            .await
+            .unwrap();
+        let err = store
+            .create_function(&record("default", "f"))
+            .await
+            .unwrap_err();
         assert!(matches!(err, StoreError::Conflict { .. }));
-        let err = store.create_function(&record("nope", "f")).await.unwrap_err();
-        assert!(matches!(err, StoreError::NotFound { kind: "namespace", .. }), "{err}");
+        let err = store
+            .create_function(&record("nope", "f"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::NotFound {
+                    kind: "namespace",
+                    ..
+                }
+            ),
+            "{err}"
+        );
         let got = store.get_function("default", "f").await.unwrap();
         assert_eq!(got.spec.entrypoint, "handler.handle");
-        assert_eq!(store.list_functions(Some("default")).await.unwrap().len(), 1);
+        assert_eq!(
+            store.list_functions(Some("default")).await.unwrap().len(),
+            1
+        );
     }
 
     #[tokio::test]
     async fn identical_code_does_not_bump_the_revision_and_old_status_is_ignored() {
         let store = SqliteStore::in_memory().await.unwrap();
         store.ensure_namespace("default").await.unwrap();
-        store.create_function(&record("default", "f")).await.unwrap();
-        let r = store.update_function("default", "f", FunctionChange::Code("aa".into())).await.unwrap();
+        store
+            .create_function(&record("default", "f"))
+            .await
+            .unwrap();
+        let r = store
+            .update_function("default", "f", FunctionChange::Code("aa".into()))
+            .await
+            .unwrap();
         assert_eq!(r.revision, 2);
-        let r = store.update_function("default", "f", FunctionChange::Code("aa".into())).await.unwrap();
+        let r = store
+            .update_function("default", "f", FunctionChange::Code("aa".into()))
+            .await
+            .unwrap();
         assert_eq!(r.revision, 2);
-        let r = store.update_function("default", "f", FunctionChange::Code("bb".into())).await.unwrap();
+        let r = store
+            .update_function("default", "f", FunctionChange::Code("bb".into()))
+            .await
+            .unwrap();
         assert_eq!(r.revision, 3);
-        let status = FunctionStatus { message: "old".into(), ..Default::default() };
+        let status = FunctionStatus {
+            message: "old".into(),
+            ..Default::default()
+        };
         assert!(!store.set_status("default", "f", 2, &status).await.unwrap());
         assert!(store.set_status("default", "f", 3, &status).await.unwrap());
-        assert_eq!(store.get_function("default", "f").await.unwrap().status.message, "old");
+        assert_eq!(
+            store
+                .get_function("default", "f")
+                .await
+                .unwrap()
+                .status
+                .message,
+            "old"
+        );
     }
 
     #[tokio::test]
     async fn patches_merge_validate_and_bump_the_revision_only_on_change() {
         let store = SqliteStore::in_memory().await.unwrap();
         store.ensure_namespace("default").await.unwrap();
-        store.create_function(&record("default", "f")).await.unwrap();
-        let r = store.update_function("default", "f", FunctionChange::Patch(serde_json::json!({"env": {"A": "x"}}))).await.unwrap();
+        store
+            .create_function(&record("default", "f"))
+            .await
+            .unwrap();
+        let r = store
+            .update_function(
+                "default",
+                "f",
+                FunctionChange::Patch(serde_json::json!({"env": {"A": "x"}})),
+            )
+            .await
+            .unwrap();
         assert_eq!((r.revision, r.spec.env["A"].as_str()), (2, "x"));
-        let r = store.update_function("default", "f", FunctionChange::Patch(serde_json::json!({"memory_mb": 256}))).await.unwrap();
-        assert_eq!((r.revision, r.spec.memory_mb, r.spec.env.len()), (3, 256, 1));
-        let r = store.update_function("default", "f", FunctionChange::Patch(serde_json::json!({"memory_mb": 256}))).await.unwrap();
+        let r = store
+            .update_function(
+                "default",
+                "f",
+                FunctionChange::Patch(serde_json::json!({"memory_mb": 256})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.revision, r.spec.memory_mb, r.spec.env.len()),
+            (3, 256, 1)
+        );
+        let r = store
+            .update_function(
+                "default",
+                "f",
+                FunctionChange::Patch(serde_json::json!({"memory_mb": 256})),
+            )
+            .await
+            .unwrap();
         assert_eq!(r.revision, 3);
-        let err = store.update_function("default", "f", FunctionChange::Patch(serde_json::json!({"bogus": 1}))).await.unwrap_err();
+        let err = store
+            .update_function(
+                "default",
+                "f",
+                FunctionChange::Patch(serde_json::json!({"bogus": 1})),
+            )
+            .await
+            .unwrap_err();
         assert!(err.to_string().starts_with("bogus:"), "{err}");
-        let err = store.update_function("default", "f", FunctionChange::Patch(serde_json::json!({"memory_mb": 1}))).await.unwrap_err();
+        let err = store
+            .update_function(
+                "default",
+                "f",
+                FunctionChange::Patch(serde_json::json!({"memory_mb": 1})),
+            )
+            .await
+            .unwrap_err();
         assert!(err.to_string().starts_with("memory_mb:"), "{err}");
-        let r = store.update_function("default", "f", FunctionChange::Patch(serde_json::json!({"memory_mb": null}))).await.unwrap();
+        let r = store
+            .update_function(
+                "default",
+                "f",
+                FunctionChange::Patch(serde_json::json!({"memory_mb": null})),
+            )
+            .await
+            .unwrap();
         assert_eq!(r.spec.memory_mb, 128);
     }
 
@@ -362,10 +566,16 @@ mod tests {
         store.ensure_namespace("team").await.unwrap();
         store.create_function(&record("team", "f")).await.unwrap();
         store.create_token("h", "team").await.unwrap();
-        assert!(matches!(store.delete_namespace("team", false).await, Err(StoreError::NotEmpty(_))));
+        assert!(matches!(
+            store.delete_namespace("team", false).await,
+            Err(StoreError::NotEmpty(_))
+        ));
         let gone = store.delete_namespace("team", true).await.unwrap();
         assert_eq!(gone.len(), 1);
         assert_eq!(store.token_namespace("h").await.unwrap(), None);
-        assert!(matches!(store.delete_namespace("team", true).await, Err(StoreError::NotFound { .. })));
+        assert!(matches!(
+            store.delete_namespace("team", true).await,
+            Err(StoreError::NotFound { .. })
+        ));
     }
 }

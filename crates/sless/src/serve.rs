@@ -144,7 +144,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
                 npm: args.npm.clone(),
                 max_parallel: args.builds.max(1),
                 timeout: Duration::from_secs(args.build_timeout_sec),
-                limits: limits.clone(),
+                limits,
                 memory_mb: 1024,
             },
             sandbox.clone(),
@@ -201,7 +201,9 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let functions = controller.resync_all().await?;
+    // Bring stored functions back before taking traffic: connections wait in the
+    // listen backlog meanwhile rather than meeting a 404.
+    let functions = controller.resync_all(Duration::from_secs(60)).await?;
     eprintln!(
         "sless serving on {public_url} (data in {}, {functions} functions)",
         data_dir.display()
@@ -277,10 +279,10 @@ fn create_private_dir(dir: &Path) -> Result<()> {
 /// `SLESS_ADMIN_TOKEN`, or the token stored in `<data>/admin-token` (created with
 /// mode 0600 on first start).
 fn admin_token(data_dir: &Path) -> Result<String> {
-    if let Ok(token) = std::env::var("SLESS_ADMIN_TOKEN") {
-        if !token.trim().is_empty() {
-            return Ok(token.trim().to_string());
-        }
+    if let Ok(token) = std::env::var("SLESS_ADMIN_TOKEN")
+        && !token.trim().is_empty()
+    {
+        return Ok(token.trim().to_string());
     }
     let path = data_dir.join("admin-token");
     match std::fs::read_to_string(&path) {

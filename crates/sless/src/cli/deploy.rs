@@ -22,7 +22,8 @@ use super::archive::{self, SETTINGS_FILE};
 /// exiting with 1). Uploading identical code again does not rebuild.
 ///
 /// Settings come from, lowest first: the API defaults, `sless.json` in DIR (the API's spec
-/// fields, e.g. {"memory_mb": 256, "env": {"A": "b"}}, plus an optional "name"), then flags.
+/// fields, e.g. {"memory_mb": 256, "env": {"A": "b"}}, plus an optional "name"; it is not
+/// uploaded), then flags.
 /// On an existing function only the settings you give are changed (env keys are merged).
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:

@@ -40,7 +40,8 @@ impl Server {
             port,
             data_dir,
             _dir: Some(dir),
-            client: Client::new(&format!("http://127.0.0.1:{port}"), Some(TOKEN.into())).expect("client"),
+            client: Client::new(&format!("http://127.0.0.1:{port}"), Some(TOKEN.into()))
+                .expect("client"),
             extra_args: args.iter().map(|s| s.to_string()).collect(),
         };
         server.spawn().await;
@@ -68,12 +69,16 @@ impl Server {
         let deadline = Instant::now() + Duration::from_secs(30);
         let http = reqwest::Client::new();
         loop {
-            if let Ok(r) = http.get(format!("{}/healthz", self.url())).send().await {
-                if r.status().is_success() {
-                    return;
-                }
+            if let Ok(r) = http.get(format!("{}/healthz", self.url())).send().await
+                && r.status().is_success()
+            {
+                return;
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!("sless serve exited during start: {status}");
             }
             assert!(Instant::now() < deadline, "server did not become healthy");
@@ -86,7 +91,10 @@ impl Server {
         let mut child = self.child.take().expect("server running");
         let pid = child.id().expect("pid") as i32;
         // SAFETY-free: `kill` via the command-line tool keeps the tests free of unsafe.
-        let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status();
         tokio::time::timeout(Duration::from_secs(60), child.wait())
             .await
             .expect("server exits after SIGTERM")
@@ -108,15 +116,31 @@ impl Server {
         self.deploy_in("default", name, spec, files).await
     }
 
-    pub async fn deploy_in(&self, ns: &str, name: &str, spec: Value, files: &[(&str, &str)]) -> Function {
+    pub async fn deploy_in(
+        &self,
+        ns: &str,
+        name: &str,
+        spec: Value,
+        files: &[(&str, &str)],
+    ) -> Function {
         let mut body = spec.clone();
         body["name"] = json!(name);
         if self.client.get_function(ns, name).await.is_ok() {
-            self.client.patch_function(ns, name, &spec).await.expect("patch");
+            self.client
+                .patch_function(ns, name, &spec)
+                .await
+                .expect("patch");
         } else {
-            self.client.create_function(ns, &body).await.unwrap_or_else(|e| panic!("create {name}: {e}"));
+            self.client
+                .create_function(ns, &body)
+                .await
+                .unwrap_or_else(|e| panic!("create {name}: {e}"));
         }
-        let up = self.client.upload_code(ns, name, zip(files)).await.expect("upload");
+        let up = self
+            .client
+            .upload_code(ns, name, zip(files))
+            .await
+            .expect("upload");
         self.wait_settled(ns, name, up.revision).await
     }
 
@@ -128,7 +152,13 @@ impl Server {
     }
 
     /// Calls `/fn/default/{name}{path}`.
-    pub async fn call(&self, name: &str, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, String, reqwest::header::HeaderMap) {
+    pub async fn call(
+        &self,
+        name: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, String, reqwest::header::HeaderMap) {
         let url = format!("{}/fn/default/{name}{path}", self.url());
         let mut req = self.client.http().request(method, url);
         if let Some(body) = body {
@@ -149,11 +179,18 @@ impl Server {
     pub async fn wait_log(&self, name: &str, needle: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let logs = self.client.logs("default", name, Some(1000)).await.expect("logs");
+            let logs = self
+                .client
+                .logs("default", name, Some(1000))
+                .await
+                .expect("logs");
             if logs.contains(needle) {
                 return logs;
             }
-            assert!(Instant::now() < deadline, "log of {name} never contained {needle:?}:\n{logs}");
+            assert!(
+                Instant::now() < deadline,
+                "log of {name} never contained {needle:?}:\n{logs}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -163,7 +200,10 @@ impl Drop for Server {
     fn drop(&mut self) {
         if let Some(child) = self.child.as_mut() {
             if let Some(pid) = child.id() {
-                let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+                let _ = std::process::Command::new("kill")
+                    .arg("-TERM")
+                    .arg(pid.to_string())
+                    .status();
                 let deadline = Instant::now() + Duration::from_secs(10);
                 while Instant::now() < deadline {
                     if matches!(child.try_wait(), Ok(Some(_))) {
@@ -179,14 +219,20 @@ impl Drop for Server {
 
 /// A zip archive of `(path, content)` pairs.
 pub fn zip(files: &[(&str, &str)]) -> Vec<u8> {
-    zip_bytes(&files.iter().map(|(p, c)| (*p, c.as_bytes())).collect::<Vec<_>>())
+    zip_bytes(
+        &files
+            .iter()
+            .map(|(p, c)| (*p, c.as_bytes()))
+            .collect::<Vec<_>>(),
+    )
 }
 
 pub fn zip_bytes(files: &[(&str, &[u8])]) -> Vec<u8> {
     let mut out = std::io::Cursor::new(Vec::new());
     {
         let mut w = zip::ZipWriter::new(&mut out);
-        let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated);
         for (path, content) in files {
             w.start_file(*path, opts).expect("zip entry");
             w.write_all(content).expect("zip write");
@@ -202,7 +248,12 @@ pub fn dir_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     for entry in walkdir::WalkDir::new(dir).sort_by_file_name() {
         let entry = entry.expect("walk");
         if entry.file_type().is_file() {
-            let rel = entry.path().strip_prefix(dir).expect("prefix").to_string_lossy().into_owned();
+            let rel = entry
+                .path()
+                .strip_prefix(dir)
+                .expect("prefix")
+                .to_string_lossy()
+                .into_owned();
             if rel.contains("__pycache__") || rel.contains("node_modules") {
                 continue;
             }
@@ -213,16 +264,29 @@ pub fn dir_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 pub fn repo_path(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
 }
 
 /// Deploys a folder of the repository.
 pub async fn deploy_dir(server: &Server, name: &str, spec: Value, dir: &Path) -> Function {
     let files = dir_files(dir);
-    let refs: Vec<(&str, &[u8])> = files.iter().map(|(p, c)| (p.as_str(), c.as_slice())).collect();
+    let refs: Vec<(&str, &[u8])> = files
+        .iter()
+        .map(|(p, c)| (p.as_str(), c.as_slice()))
+        .collect();
     let mut body = spec.clone();
     body["name"] = json!(name);
-    server.client.create_function("default", &body).await.expect("create");
-    let up = server.client.upload_code("default", name, zip_bytes(&refs)).await.expect("upload");
+    server
+        .client
+        .create_function("default", &body)
+        .await
+        .expect("create");
+    let up = server
+        .client
+        .upload_code("default", name, zip_bytes(&refs))
+        .await
+        .expect("upload");
     server.wait_settled("default", name, up.revision).await
 }

@@ -6,23 +6,28 @@ use serde_json::json;
 
 use crate::harness::Server;
 
-const HELLO: &str = "import os\n\ndef handle(event):\n    return os.environ.get('ANSWER', 'none')\n";
+const HELLO: &str =
+    "import os\n\ndef handle(event):\n    return os.environ.get('ANSWER', 'none')\n";
 
 /// Python processes on this machine whose environment holds `marker` (the
 /// sandbox's own helper processes carry it too, and are not counted).
 fn processes_with(marker: &str) -> Vec<u32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let is_python = std::fs::read_link(entry.path().join("exe"))
-            .is_ok_and(|exe| exe.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python")));
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let is_python = std::fs::read_link(entry.path().join("exe")).is_ok_and(|exe| {
+            exe.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("python"))
+        });
         if !is_python {
             continue;
         }
-        if let Ok(env) = std::fs::read(entry.path().join("environ")) {
-            if env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()) {
-                found.push(pid);
-            }
+        if let Ok(env) = std::fs::read(entry.path().join("environ"))
+            && env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes())
+        {
+            found.push(pid);
         }
     }
     found
@@ -31,7 +36,10 @@ fn processes_with(marker: &str) -> Vec<u32> {
 async fn wait_until<F: FnMut() -> bool>(what: &str, mut cond: F) {
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while !cond() {
-        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -39,11 +47,21 @@ async fn wait_until<F: FnMut() -> bool>(what: &str, mut cond: F) {
 #[tokio::test]
 async fn min_instances_are_kept_warm_and_delete_frees_the_url() {
     let server = Server::start().await;
-    let f = server.deploy("warm", json!({"runtime": "python3", "min_instances": 1, "env": {"ANSWER": "warm"}}), &[("handler.py", HELLO)]).await;
+    let f = server
+        .deploy(
+            "warm",
+            json!({"runtime": "python3", "min_instances": 1, "env": {"ANSWER": "warm"}}),
+            &[("handler.py", HELLO)],
+        )
+        .await;
     assert_eq!(f.status.phase, "Ready", "{}", f.status.message);
     assert_eq!(f.status.instances.ready, 1);
     assert_eq!(server.get("warm", "").await, (200, "warm".to_string()));
-    server.client.delete_function("default", "warm").await.unwrap();
+    server
+        .client
+        .delete_function("default", "warm")
+        .await
+        .unwrap();
     assert_eq!(server.get("warm", "").await.0, 404);
 }
 
@@ -51,7 +69,13 @@ async fn min_instances_are_kept_warm_and_delete_frees_the_url() {
 async fn redeploys_under_load_drop_nothing_and_never_serve_stale_code() {
     let server = Server::start().await;
     let spec = json!({"runtime": "python3", "min_instances": 1});
-    server.deploy("flip", spec.clone(), &[("handler.py", "def handle(e):\n    return 'v1'\n")]).await;
+    server
+        .deploy(
+            "flip",
+            spec.clone(),
+            &[("handler.py", "def handle(e):\n    return 'v1'\n")],
+        )
+        .await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let load = {
         let url = format!("{}/fn/default/flip", server.url());
@@ -60,7 +84,9 @@ async fn redeploys_under_load_drop_nothing_and_never_serve_stale_code() {
         tokio::spawn(async move {
             let mut answers = Vec::new();
             let deadline = std::time::Instant::now() + Duration::from_secs(60);
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) && std::time::Instant::now() < deadline {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                && std::time::Instant::now() < deadline
+            {
                 let r = http.get(&url).send().await.expect("request");
                 answers.push((r.status().as_u16(), r.text().await.unwrap_or_default()));
             }
@@ -68,7 +94,13 @@ async fn redeploys_under_load_drop_nothing_and_never_serve_stale_code() {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let f = server.deploy("flip", json!({}), &[("handler.py", "def handle(e):\n    return 'v2'\n")]).await;
+    let f = server
+        .deploy(
+            "flip",
+            json!({}),
+            &[("handler.py", "def handle(e):\n    return 'v2'\n")],
+        )
+        .await;
     assert_eq!(f.status.phase, "Ready");
     // From the moment the new revision is Ready, the old code is never served again.
     let after = server.get("flip", "").await;
@@ -76,36 +108,77 @@ async fn redeploys_under_load_drop_nothing_and_never_serve_stale_code() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let answers = load.await.unwrap();
-    assert!(answers.len() > 10, "load loop made only {} requests", answers.len());
-    assert!(answers.iter().all(|(s, _)| *s == 200), "failed requests during redeploy: {:?}", answers.iter().filter(|(s, _)| *s != 200).collect::<Vec<_>>());
+    assert!(
+        answers.len() > 10,
+        "load loop made only {} requests",
+        answers.len()
+    );
+    assert!(
+        answers.iter().all(|(s, _)| *s == 200),
+        "failed requests during redeploy: {:?}",
+        answers
+            .iter()
+            .filter(|(s, _)| *s != 200)
+            .collect::<Vec<_>>()
+    );
     let last = answers.last().unwrap();
     assert_eq!(last.1, "v2");
     // Once v2 was seen, v1 never came back.
-    let first_v2 = answers.iter().position(|(_, b)| b == "v2").expect("v2 served");
+    let first_v2 = answers
+        .iter()
+        .position(|(_, b)| b == "v2")
+        .expect("v2 served");
     assert!(answers[first_v2..].iter().all(|(_, b)| b == "v2"));
 }
 
 #[tokio::test]
 async fn sigterm_restart_keeps_functions_serving() {
     let mut server = Server::start().await;
-    server.deploy("keep-py", json!({"runtime": "python3", "env": {"ANSWER": "kept"}}), &[("handler.py", HELLO)]).await;
-    server.deploy("keep-node", json!({"runtime": "nodejs"}), &[("handler.js", "exports.handle = () => 'node kept';")]).await;
+    server
+        .deploy(
+            "keep-py",
+            json!({"runtime": "python3", "env": {"ANSWER": "kept"}}),
+            &[("handler.py", HELLO)],
+        )
+        .await;
+    server
+        .deploy(
+            "keep-node",
+            json!({"runtime": "nodejs"}),
+            &[("handler.js", "exports.handle = () => 'node kept';")],
+        )
+        .await;
     assert_eq!(server.get("keep-py", "").await, (200, "kept".to_string()));
 
     // A request in flight when SIGTERM arrives still gets its answer.
-    server.deploy("inflight", json!({"runtime": "python3"}), &[("handler.py", "import time\n\ndef handle(e):\n    time.sleep(1)\n    return 'finished'\n")]).await;
+    server
+        .deploy(
+            "inflight",
+            json!({"runtime": "python3"}),
+            &[(
+                "handler.py",
+                "import time\n\ndef handle(e):\n    time.sleep(1)\n    return 'finished'\n",
+            )],
+        )
+        .await;
     let url = format!("{}/fn/default/inflight", server.url());
     let http = server.client.http().clone();
-    let pending = tokio::spawn(async move { http.get(url).send().await.map(|r| r.status().as_u16()) });
+    let pending =
+        tokio::spawn(async move { http.get(url).send().await.map(|r| r.status().as_u16()) });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let status = server.stop().await;
     assert!(status.success(), "server exit: {status}");
-    assert_eq!(pending.await.unwrap().expect("in-flight request answered"), 200);
+    assert_eq!(
+        pending.await.unwrap().expect("in-flight request answered"),
+        200
+    );
 
     server.restart().await;
     for (name, want) in [("keep-py", "kept"), ("keep-node", "node kept")] {
         let f = server.client.get_function("default", name).await.unwrap();
-        let f = server.wait_settled("default", name, f.status.revision).await;
+        let f = server
+            .wait_settled("default", name, f.status.revision)
+            .await;
         assert_eq!(f.status.phase, "Ready");
         assert_eq!(server.get(name, "").await, (200, want.to_string()));
     }
@@ -119,18 +192,39 @@ async fn no_instance_outlives_the_server() {
     let marker = format!("{var}=here");
     let mut env = serde_json::Map::new();
     env.insert(var, json!("here"));
-    server.deploy("linger", json!({"runtime": "python3", "min_instances": 2, "env": env}), &[("handler.py", HELLO)]).await;
+    server
+        .deploy(
+            "linger",
+            json!({"runtime": "python3", "min_instances": 2, "env": env}),
+            &[("handler.py", HELLO)],
+        )
+        .await;
     assert_eq!(processes_with(&marker).len(), 2, "two warm instances run");
 
     // A clean stop ends them.
     server.stop().await;
-    wait_until("instances to stop after SIGTERM", || processes_with(&marker).is_empty()).await;
+    wait_until("instances to stop after SIGTERM", || {
+        processes_with(&marker).is_empty()
+    })
+    .await;
 
     // So does a server that is killed outright.
     server.restart().await;
-    let f = server.client.get_function("default", "linger").await.unwrap();
-    server.wait_settled("default", "linger", f.status.revision).await;
-    wait_until("instances to be back", || processes_with(&marker).len() == 2).await;
+    let f = server
+        .client
+        .get_function("default", "linger")
+        .await
+        .unwrap();
+    server
+        .wait_settled("default", "linger", f.status.revision)
+        .await;
+    wait_until("instances to be back", || {
+        processes_with(&marker).len() == 2
+    })
+    .await;
     server.kill9().await;
-    wait_until("instances to die with a killed server", || processes_with(&marker).is_empty()).await;
+    wait_until("instances to die with a killed server", || {
+        processes_with(&marker).is_empty()
+    })
+    .await;
 }

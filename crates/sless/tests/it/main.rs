@@ -5,7 +5,11 @@
 //! They need root (the sandbox manages cgroups), bubblewrap, /usr/bin/python3
 //! and node, as `.ci/run` installs.
 
+// Helpers shared by the tests panic on failure just as the tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod api;
+mod cli;
 mod harness;
 mod invoke;
 mod lifecycle;
