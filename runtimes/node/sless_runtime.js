@@ -15,6 +15,7 @@ const http = require('node:http');
 const path = require('node:path');
 const Module = require('node:module');
 const { pathToFileURL } = require('node:url');
+const { AsyncLocalStorage } = require('node:async_hooks');
 
 // Exit status for an entrypoint that cannot be loaded; the platform reports it as a load error
 // rather than a crash.
@@ -30,11 +31,58 @@ function log(message) {
   process.stderr.write(`sless: ${message}\n`);
 }
 
+// The id of the request whose handler (or anything it started) is running; undefined outside.
+const requestIds = new AsyncLocalStorage();
+
+/**
+ * Makes every line written to `stream` while a request is handled start with `[<request id>] `.
+ * A partial line is held per request until its newline arrives (or the request ends), so a
+ * prefix never lands mid-line. Outside requests writes pass straight through.
+ */
+function tagStream(stream) {
+  const write = stream.write.bind(stream);
+  const partial = new Map(); // request id -> unfinished line
+  stream.write = function taggedWrite(chunk, encoding, callback) {
+    const rid = requestIds.getStore();
+    if (rid === undefined) return write(chunk, encoding, callback);
+    if (typeof encoding === 'function') {
+      callback = encoding;
+      encoding = undefined;
+    }
+    let text = typeof chunk === 'string' ? chunk : Buffer.from(chunk).toString('utf8');
+    const pending = partial.get(rid);
+    if (pending !== undefined) {
+      partial.delete(rid);
+      text = pending + text;
+    }
+    const last = text.lastIndexOf('\n');
+    if (last < 0) {
+      if (text) partial.set(rid, text);
+      if (callback) process.nextTick(callback);
+      return true;
+    }
+    if (last < text.length - 1) partial.set(rid, text.slice(last + 1));
+    const prefix = `[${rid}] `;
+    return write(prefix + text.slice(0, last).replaceAll('\n', `\n${prefix}`) + '\n', callback);
+  };
+  return (rid) => {
+    const rest = partial.get(rid);
+    if (rest !== undefined) {
+      partial.delete(rid);
+      write(`[${rid}] ${rest}\n`);
+    }
+  };
+}
+
 /** Makes `require('x')` from the function's code find packages in `<deps>/node_modules`. */
 function setupModulePaths(depsDir) {
   const nodeModules = path.join(depsDir, 'node_modules');
   if (!fs.existsSync(nodeModules)) return;
   const existing = process.env.NODE_PATH ? process.env.NODE_PATH.split(path.delimiter) : [];
+  if (existing.includes(nodeModules)) {
+    Module._initPaths();
+    return;
+  }
   process.env.NODE_PATH = [nodeModules, ...existing].join(path.delimiter);
   // NODE_PATH is read once at startup; re-reading it is the documented-in-source way to change
   // the global lookup paths of an already running process.
@@ -172,7 +220,67 @@ function send(res, status, body, contentType = 'application/json') {
   res.end(buf);
 }
 
-function makeServer(fn, identity) {
+function identityFromEnv() {
+  return {
+    functionName: process.env.SLESS_FUNCTION || '',
+    namespace: process.env.SLESS_NAMESPACE || '',
+    revision: process.env.SLESS_REVISION || '',
+  };
+}
+
+/**
+ * `POST /_sless/load` of a generic instance: applies the environment from the body and loads
+ * the entrypoint into `app`. Answers 200, or 500 and exits with the load-error status.
+ */
+async function loadInto(app, req, res, raw) {
+  if (app.fn !== null || app.loading) return send(res, 409, errorBody('a function is already loaded'));
+  let spec;
+  try {
+    spec = raw.length > 0 ? JSON.parse(raw.toString('utf8')) : null;
+  } catch (err) {
+    return send(res, 400, errorBody(`invalid load request: ${err.message}`));
+  }
+  if (spec === null || typeof spec !== 'object' || typeof spec.entrypoint !== 'string' || !spec.entrypoint) {
+    return send(res, 400, errorBody('invalid load request: "entrypoint" (a string) is required'));
+  }
+  const env = spec.env == null ? {} : spec.env;
+  if (typeof env !== 'object' || Array.isArray(env)) {
+    return send(res, 400, errorBody('invalid load request: "env" must be an object'));
+  }
+  app.loading = true;
+  for (const [key, value] of Object.entries(env)) process.env[key] = String(value);
+  const fixed = {
+    SLESS_ENTRYPOINT: spec.entrypoint,
+    SLESS_NAMESPACE: spec.namespace,
+    SLESS_FUNCTION: spec.function,
+    SLESS_REVISION: spec.revision,
+    SLESS_CONCURRENCY: spec.concurrency,
+  };
+  for (const [key, value] of Object.entries(fixed)) {
+    if (value !== undefined && value !== null) process.env[key] = String(value);
+  }
+  try {
+    setupModulePaths(app.depsDir);
+    app.fn = await loadEntrypoint(spec.entrypoint, app.codeDir);
+  } catch (err) {
+    if (!(err instanceof LoadError)) process.stderr.write(`${(err && err.stack) || String(err)}\n`);
+    const message = err instanceof LoadError ? err.message : describe(err);
+    log(message);
+    res.on('finish', () => {
+      try {
+        fs.unlinkSync(app.socketPath);
+      } catch {
+        // Already gone.
+      }
+      process.exit(EXIT_LOAD_ERROR);
+    });
+    return send(res, 500, errorBody(message));
+  }
+  app.identity = identityFromEnv();
+  return send(res, 200, '{"ok":true}');
+}
+
+function makeServer(app) {
   const state = { inflight: 0, stopping: false, onDrained: null };
 
   async function invoke(req, res, raw) {
@@ -189,13 +297,13 @@ function makeServer(fn, identity) {
     const context = new Context(
       requestId,
       req.headers['x-sless-source'] || '',
-      identity,
+      app.identity,
       parseDeadline(req.headers['x-sless-deadline-ms']),
     );
     let status;
     let body;
     try {
-      const result = await fn(event, context);
+      const result = requestId ? await requestIds.run(requestId, app.fn, event, context) : await app.fn(event, context);
       [status, body] = encodeResult(result);
       if (status !== 200) log(`request ${requestId || '-'}: ${body}`);
     } catch (err) {
@@ -204,6 +312,7 @@ function makeServer(fn, identity) {
       );
       [status, body] = [500, errorBody(errorMessage(err))];
     }
+    if (requestId) endRequestOutput(requestId);
     if (state.stopping) res.setHeader('Connection', 'close');
     send(res, status, body);
   }
@@ -216,8 +325,21 @@ function makeServer(fn, identity) {
       if (req.method !== 'GET') return send(res, 405, errorBody('use GET'));
       return send(res, 200, 'ok', 'text/plain');
     }
+    if (p === '/_sless/load') {
+      if (req.method !== 'POST') return send(res, 405, errorBody('use POST'));
+      const chunks = [];
+      req.on('data', (chunk) => chunks.push(chunk));
+      req.on('end', () => {
+        loadInto(app, req, res, Buffer.concat(chunks));
+      });
+      return undefined;
+    }
     if (p !== '/_sless/invoke') return send(res, 404, errorBody(`not found: ${p}`));
     if (req.method !== 'POST') return send(res, 405, errorBody('use POST'));
+    if (app.fn === null) {
+      req.resume();
+      return send(res, 503, errorBody('no function loaded'));
+    }
 
     state.inflight += 1;
     let settled = false;
@@ -246,6 +368,36 @@ function makeServer(fn, identity) {
   return { server, state };
 }
 
+/**
+ * Runs the code paths of a load and of a request once, so that a generic instance has nothing
+ * left to compile when its function arrives: module resolution and compilation, then one
+ * request of each kind over the socket itself.
+ */
+async function warmUp(codeDir, socketPath) {
+  resolveModule(path.join(codeDir, '.sless-warm-up-absent'));
+  const warm = new Module(path.join(codeDir, '.sless-warm-up.js'), null);
+  warm._compile('exports.handle = (event) => event;', warm.id);
+  encodeResult(warm.exports.handle({ warm: [1, 'two', null, true] }));
+  new Context('', '', identityFromEnv(), parseDeadline('1')).remaining_ms();
+  const agent = new http.Agent({ keepAlive: true });
+  const ask = (method, urlPath, body) =>
+    new Promise((resolve) => {
+      const req = http.request({ socketPath, method, path: urlPath, agent }, (res) => {
+        res.resume();
+        res.on('end', resolve);
+      });
+      req.on('error', resolve);
+      req.end(body);
+    });
+  await ask('GET', '/_sless/ready');
+  await ask('POST', '/_sless/invoke', '{"warm":true}');
+  await ask('GET', '/_sless/warm-up');
+  agent.destroy();
+}
+
+// Set by main() once stdout/stderr are tagged: flushes a request's unfinished lines.
+let endRequestOutput = () => {};
+
 function envInt(name, fallback) {
   const raw = (process.env[name] || '').trim();
   if (!raw) return fallback;
@@ -269,13 +421,15 @@ async function main(argv) {
   const env = process.env;
   const codeDir = env.SLESS_CODE_DIR || '/code';
   const depsDir = env.SLESS_DEPS_DIR || '/deps';
+  // Without an entrypoint the instance is generic: it serves and waits for POST /_sless/load.
+  const generic = !env.SLESS_ENTRYPOINT && !check;
   const spec = env.SLESS_ENTRYPOINT || DEFAULT_ENTRYPOINT;
-  let fn;
+  const app = { fn: null, identity: identityFromEnv(), codeDir, depsDir, socketPath: env.SLESS_SOCKET, loading: false };
   let readyFd;
   try {
     readyFd = envInt('SLESS_READY_FD', null);
     setupModulePaths(depsDir);
-    fn = await loadEntrypoint(spec, codeDir);
+    if (!generic) app.fn = await loadEntrypoint(spec, codeDir);
   } catch (err) {
     if (!(err instanceof LoadError)) {
       process.stderr.write(`${(err && err.stack) || String(err)}\n`);
@@ -290,12 +444,13 @@ async function main(argv) {
     log('SLESS_SOCKET is not set');
     return 2;
   }
-  const identity = {
-    functionName: env.SLESS_FUNCTION || '',
-    namespace: env.SLESS_NAMESPACE || '',
-    revision: env.SLESS_REVISION || '',
+  const endOut = tagStream(process.stdout);
+  const endErr = tagStream(process.stderr);
+  endRequestOutput = (rid) => {
+    endOut(rid);
+    endErr(rid);
   };
-  const { server, state } = makeServer(fn, identity);
+  const { server, state } = makeServer(app);
 
   // A stray rejection in fire-and-forget code of the handler must not take down the requests
   // other invocations have in flight.
@@ -316,6 +471,8 @@ async function main(argv) {
     log(err instanceof LoadError ? err.message : `listen on ${socketPath}: ${err.message}`);
     return 2;
   }
+
+  if (generic) await warmUp(codeDir, socketPath);
 
   if (readyFd !== null) {
     try {

@@ -38,11 +38,12 @@ for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
 
 /** One shim process with its own code dir and socket; fd 3 of the child is the ready pipe. */
 class Shim {
-  constructor(files, { entrypoint = 'handler.handle', deps = null, args = [] } = {}) {
+  constructor(files, { entrypoint = 'handler.handle', deps = null, args = [], identity = true } = {}) {
     this.dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sless-node-'));
     this.code = path.join(this.dir, 'code');
     this.deps = path.join(this.dir, 'deps');
     this.socket = path.join(this.dir, 'fn.sock');
+    fs.mkdirSync(this.code, { recursive: true });
     writeTree(this.code, files);
     if (deps) writeTree(this.deps, deps);
     this.stderr = '';
@@ -61,6 +62,7 @@ class Shim {
         SLESS_FUNCTION: 'hello',
         SLESS_REVISION: '7',
         SLESS_READY_FD: '3',
+        ...(identity ? {} : { SLESS_NAMESPACE: '', SLESS_FUNCTION: '', SLESS_REVISION: '' }),
       },
       stdio: ['ignore', 'pipe', 'pipe', 'pipe'],
     });
@@ -380,6 +382,111 @@ describe('loading', () => {
       assert.deepEqual((await shim.invoke(1)).body, { esm: 1 });
     } finally {
       await shim.stop();
+    }
+  });
+});
+
+describe('generic instance', () => {
+  const LOAD = {
+    entrypoint: 'handler.handle',
+    env: { GREETING: 'hej' },
+    namespace: 'team-b',
+    function: 'late',
+    revision: 3,
+    concurrency: 4,
+  };
+
+  async function startGeneric() {
+    const shim = new Shim({}, { entrypoint: '', identity: false });
+    await shim.waitReady();
+    return shim;
+  }
+
+  function load(shim, body = LOAD) {
+    return shim.request('POST', '/_sless/load', JSON.stringify(body), { 'content-type': 'application/json' });
+  }
+
+  test('load, then invoke with the env and identity from the load', async () => {
+    const shim = await startGeneric();
+    try {
+      const ready = await shim.request('GET', '/_sless/ready');
+      assert.deepEqual([ready.status, ready.body], [200, 'ok']);
+      assert.deepEqual(await shim.invoke({}), { status: 503, type: 'application/json', body: { error: 'no function loaded' } });
+      // The platform fills the code dir only now, after the instance started; the dependency
+      // comes from <deps>/node_modules, which did not exist at startup either.
+      writeTree(shim.code, {
+        'handler.js': `const helper = require('helper');
+const atImport = process.env.GREETING;
+exports.handle = (event, context) => ({
+  atImport, entrypoint: process.env.SLESS_ENTRYPOINT, shout: helper.shout('x'),
+  function: context.function_name, namespace: context.namespace, revision: context.revision, event,
+});`,
+      });
+      writeTree(shim.deps, { 'node_modules/helper/index.js': 'exports.shout = (s) => s.toUpperCase();' });
+      const res = await load(shim);
+      assert.deepEqual([res.status, JSON.parse(res.body)], [200, { ok: true }]);
+      assert.deepEqual((await shim.invoke(5)).body, {
+        atImport: 'hej',
+        entrypoint: 'handler.handle',
+        shout: 'X',
+        function: 'late',
+        namespace: 'team-b',
+        revision: '3',
+        event: 5,
+      });
+      assert.equal((await load(shim)).status, 409);
+      assert.equal((await shim.invoke(6)).status, 200);
+    } finally {
+      assert.equal(await shim.stop(), 0);
+    }
+  });
+
+  test('load of a missing module is 500, then exit 3', async () => {
+    const shim = await startGeneric();
+    const res = await load(shim);
+    assert.deepEqual([res.status, JSON.parse(res.body)], [
+      500,
+      { error: 'entrypoint module "handler" not found (no handler.js)' },
+    ]);
+    assert.equal(await shim.exited, 3);
+    assert.match(shim.stderr, /sless: entrypoint module "handler" not found \(no handler\.js\)/);
+    await shim.stop();
+  });
+});
+
+describe('log lines', () => {
+  test('lines written while handling a request start with its id', async () => {
+    const shim = new Shim({
+      'handler.js': `console.log('importing');
+exports.handle = async (event) => {
+  const n = event.n;
+  console.log('start', n);
+  process.stdout.write('partial ');
+  await new Promise((r) => setTimeout(r, 30 + 10 * (n % 3)));
+  process.stdout.write('line ' + n + '\\n');
+  console.error('err ' + n + '\\ntwo ' + n);
+  setTimeout(() => process.stdout.write('no newline ' + n), 1);
+  await new Promise((r) => setTimeout(r, 20));
+  return n;
+};`,
+    });
+    try {
+      await shim.waitReady();
+      await Promise.all([0, 1, 2, 3, 4, 5].map((n) => shim.invoke({ n }, { 'x-sless-request-id': `r${n}` })));
+    } finally {
+      assert.equal(await shim.stop(), 0);
+    }
+    const lines = shim.stdout.split('\n').filter(Boolean);
+    assert.equal(lines[0], 'importing');
+    for (let n = 0; n < 6; n++) {
+      for (const line of [`[r${n}] start ${n}`, `[r${n}] partial line ${n}`, `[r${n}] no newline ${n}`]) {
+        assert.ok(lines.includes(line), `${line} in\n${shim.stdout}`);
+      }
+      assert.ok(shim.stderr.includes(`[r${n}] err ${n}\n[r${n}] two ${n}\n`), shim.stderr);
+    }
+    for (const line of lines.slice(1)) {
+      const m = /^\[r(\d)\] .* (\d)$/.exec(line);
+      assert.ok(m && m[1] === m[2], line);
     }
   });
 });

@@ -6,14 +6,18 @@ entrypoint, listens with HTTP/1.1 on the Unix socket ``SLESS_SOCKET``, writes ``
 
 Standard library only, Python 3.9+. HTTP is a small hand-written HTTP/1.1 parser rather than
 ``http.server``: the only client is the platform's connection pool, so the server needs
-keep-alive, Content-Length bodies and in-order responses, and nothing else. Two servers share it,
-chosen by the kind of handler, because each is the fast one for its kind:
+keep-alive, Content-Length bodies and in-order responses, and nothing else. One epoll loop
+serves both kinds of handler (see :class:`Server`):
 
-- ``async def`` handlers: an ``asyncio.Protocol`` server; handlers run on its event loop.
-- plain functions: one thread per connection, the handler called in that thread, at most
-  ``SLESS_CONCURRENCY`` at once. Handing each request from an event loop to a worker pool and
-  back costs about five context switches under the GIL; this design needs about one and spends
-  half the CPU per request (figures in runtimes/README.md).
+- plain functions run on the loop's own thread, which saves the thread handoffs that dominate
+  the cost of a request in CPython; when a call blocks for more than a millisecond the main
+  thread hands the loop to a new thread, so blocking handlers still run concurrently, at most
+  ``SLESS_CONCURRENCY`` at once.
+- ``async def`` handlers run as tasks on an asyncio loop started on the loop's thread once the
+  handler is known; the epoll descriptor becomes one of its readers.
+
+Started without ``SLESS_ENTRYPOINT`` the shim is a generic instance: it serves, and imports the
+function only when ``POST /_sless/load`` names it (docs/instance-protocol.md).
 
 ``python3 sless_runtime.py --check`` only loads the entrypoint; the builder uses it to validate a
 build. ``SLESS_CODE_DIR`` and ``SLESS_DEPS_DIR`` override ``/code`` and ``/deps`` so the shim can
@@ -21,11 +25,13 @@ run outside the sandbox (tests, local runs).
 """
 
 import asyncio
+import collections
+import contextvars
 import importlib
 import inspect
 import json
 import os
-import selectors
+import select
 import signal
 import site
 import socket
@@ -51,8 +57,17 @@ MAX_HEAD_BYTES = 64 * 1024
 # request is buffered, so a pipelining client cannot make the instance buffer without bound.
 MAX_BUFFERED_WHILE_BUSY = 256 * 1024
 
-# How much the threaded server asks for per recv().
+# How much the server asks for per recv().
 RECV_SIZE = 256 * 1024
+
+# A plain function (or a blocking write) that keeps the loop's thread longer than this gets the
+# loop handed to another thread, so other requests do not wait behind it.
+PROMOTE_AFTER_S = 0.001
+
+JSON_TYPE = b"application/json"
+
+# The id of the request whose handler is running in this thread or task; None outside requests.
+_request_id = contextvars.ContextVar("sless_request_id", default=None)
 
 _REASONS = {
     100: b"Continue",
@@ -60,9 +75,11 @@ _REASONS = {
     400: b"Bad Request",
     404: b"Not Found",
     405: b"Method Not Allowed",
+    409: b"Conflict",
     411: b"Length Required",
     431: b"Request Header Fields Too Large",
     500: b"Internal Server Error",
+    503: b"Service Unavailable",
     505: b"HTTP Version Not Supported",
 }
 
@@ -102,6 +119,8 @@ def setup_sys_path(code_dir, deps_dir):
     """
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here]
+    if code_dir is None:
+        return
     sys.path.insert(0, code_dir)
     if deps_dir and os.path.isdir(deps_dir):
         sys.path.insert(1, deps_dir)
@@ -317,27 +336,42 @@ class Invoker:
         return ()
 
     def call_sync(self, event, headers):
-        """Calls a plain function in the calling (connection) thread and serializes the result."""
+        """Calls a plain function in the calling thread and serializes the result."""
+        rid = headers.get("x-sless-request-id") or None
+        token = _request_id.set(rid)
         try:
-            result = self.entry.func(*self._args(event, headers))
-            if inspect.isawaitable(result):
-                # A plain function that returns a coroutine: run it on the loop, wait here.
-                loop = self._coroutine_loop()
-                result = asyncio.run_coroutine_threadsafe(_await(result), loop).result()
-        except BaseException as exc:  # noqa: BLE001 - SystemExit in a handler must not end the thread
-            _log_handler_failure(headers.get("x-sless-request-id"))
-            return 500, error_body(exception_message(exc))
-        return self._encode(result, headers)
+            try:
+                result = self.entry.func(*self._args(event, headers))
+                if inspect.isawaitable(result):
+                    # A plain function that returns a coroutine: run it on a loop, wait here.
+                    loop = self._coroutine_loop()
+                    result = asyncio.run_coroutine_threadsafe(_await(result), loop).result()
+            except BaseException as exc:  # noqa: BLE001 - SystemExit in a handler must not end the thread
+                _log_handler_failure(rid)
+                return 500, error_body(exception_message(exc))
+            return self._encode(result, rid)
+        finally:
+            if rid is not None:
+                _end_request_output(rid)
+            _request_id.reset(token)
 
     async def call_async(self, event, headers):
+        """Awaits an ``async def`` handler; runs as its own task, so the request id set here is
+        the task's alone."""
+        rid = headers.get("x-sless-request-id") or None
+        _request_id.set(rid)
         try:
-            result = await self.entry.func(*self._args(event, headers))
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - see call_sync
-            _log_handler_failure(headers.get("x-sless-request-id"))
-            return 500, error_body(exception_message(exc))
-        return self._encode(result, headers)
+            try:
+                result = await self.entry.func(*self._args(event, headers))
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - see call_sync
+                _log_handler_failure(rid)
+                return 500, error_body(exception_message(exc))
+            return self._encode(result, rid)
+        finally:
+            if rid is not None:
+                _end_request_output(rid)
 
     def _coroutine_loop(self):
         with self._loop_lock:
@@ -348,10 +382,10 @@ class Invoker:
             return self.loop
 
     @staticmethod
-    def _encode(result, headers):
+    def _encode(result, rid):
         status, body = encode_result(result)
         if status != 200:
-            log("request %s: %s" % (headers.get("x-sless-request-id") or "-", body.decode("utf-8")))
+            log("request %s: %s" % (rid or "-", body.decode("utf-8")))
         return status, body
 
 
@@ -373,9 +407,10 @@ class HttpError(Exception):
 
 
 class Request:
-    __slots__ = ("method", "path", "headers", "body", "keep_alive")
+    __slots__ = ("method", "path", "headers", "body", "keep_alive", "decoded")
 
     def __init__(self, method, path, headers, body, keep_alive):
+        self.decoded = False  # body is the decoded event of an invocation
         self.method = method
         self.path = path
         self.headers = headers
@@ -457,9 +492,10 @@ class RequestReader:
     permission to send its body; the server writes :data:`CONTINUE` and clears it.
     """
 
-    __slots__ = ("buf", "head", "scan_from", "want_continue")
+    __slots__ = ("buf", "head", "scan_from", "want_continue", "parked")
 
     def __init__(self):
+        self.parked = None  # a parsed request put back by requeue()
         self.buf = bytearray()
         self.head = None  # (method, path, headers, keep_alive, length) once parsed
         self.scan_from = 0
@@ -467,9 +503,16 @@ class RequestReader:
 
     def idle(self):
         """True between requests: nothing of a next request has arrived."""
-        return self.head is None and not self.buf
+        return self.head is None and not self.buf and self.parked is None
+
+    def requeue(self, request):
+        """Puts ``request`` back; the next ``next_request()`` returns it again."""
+        self.parked = request
 
     def next_request(self):
+        if self.parked is not None:
+            request, self.parked = self.parked, None
+            return request
         buf = self.buf
         if self.head is None:
             # Tolerate empty lines between requests (RFC 9112 section 2.2).
@@ -502,162 +545,383 @@ class RequestReader:
         return Request(method, path, headers, body, keep_alive)
 
 
-def route(request):
-    """Answers everything but an invocation: returns ``(status, body, content_type)``, or None
-    for a ``POST /_sless/invoke`` whose event decoded (then stored as ``request.body``)."""
-    if request.path == "/_sless/invoke":
-        if request.method != "POST":
-            return 405, error_body("use POST"), b"application/json"
-        if request.body:
-            try:
-                request.body = json.loads(request.body)
-            except ValueError as exc:
-                return 400, error_body("invalid JSON event: %s" % exc), b"application/json"
-        else:
-            request.body = None
-        return None
-    if request.path == "/_sless/ready":
-        if request.method != "GET":
-            return 405, error_body("use GET"), b"application/json"
-        return 200, b"ok", b"text/plain"
-    return 404, error_body("not found: %s" % request.path), b"application/json"
-
-
 # --------------------------------------------------------------------------------------------
-# Threaded server (plain-function handlers)
+# Server
 # --------------------------------------------------------------------------------------------
 
 
-class ThreadedServer:
-    """Serves each connection in its own thread and calls the handler right there.
+class Conn:
+    """One client connection. Exactly one thread owns it at a time: the leader while the
+    connection is registered with epoll, otherwise the thread that took it out (a deposed
+    leader finishing its request, or a thread serving it from the backlog)."""
 
-    The platform opens about as many connections as it sends requests at once, so a thread per
-    connection is a thread per concurrent request; ``slots`` still bounds handler runs to
-    ``SLESS_CONCURRENCY`` in case it holds extra idle connections. Requests on one connection are
-    answered in order, one at a time.
+    __slots__ = ("sock", "fd", "reader", "registered", "busy", "closed")
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.reader = RequestReader()
+        self.registered = False
+        self.busy = False  # async mode: a request of this connection is running as a task
+        self.closed = False
+
+
+class Server:
+    """Serves the Unix socket with one epoll loop; see "How the Python shim serves" in
+    runtimes/README.md for why it is built this way.
+
+    Plain functions run right on the loop's thread (the *leader*), which saves the thread
+    handoffs that dominate a per-request cost in CPython. Concurrency stays real because the
+    main thread watches the leader: when one call (or a blocking write) has been running for
+    more than :data:`PROMOTE_AFTER_S`, a new thread takes over the loop and the old one finishes
+    its request as an ordinary worker. ``async def`` handlers run on an asyncio loop that the
+    leader starts once the handler is known; the epoll descriptor is one of its readers.
     """
 
-    def __init__(self, invoker, concurrency):
-        self.invoker = invoker
-        self.slots = threading.BoundedSemaphore(max(1, concurrency))
+    def __init__(self, listener, app):
+        self.listener = listener
+        self.app = app
+        self.ep = select.epoll()
+        self.conns = {}  # fd -> Conn
+        self.batch = collections.deque()  # polled events not yet handled; survives a promotion
         self.lock = threading.Lock()
-        self.drained = threading.Condition(self.lock)
-        self.connections = {}  # socket -> RequestReader, for shutdown
-        self.busy = set()  # sockets with a request in flight
+        self.cond = threading.Condition(self.lock)
+        # Leadership: the generation of the current leader, and what it is doing.
+        self.leader_gen = 0
+        self.in_call = False
+        self.call_seq = 0
+        self.call_conn = None
+        self.watcher_parked = True
+        self.running = 0  # plain-function calls in progress, bounded by app.concurrency
+        self.backlog = collections.deque()  # connections with a request waiting for a slot
+        self.inflight = 0  # invocations in progress (for shutdown)
         self.stopping = False
-        self.stop_requested = False
-
-    def serve(self, listener, ready_fd):
-        """Accepts connections until SIGTERM/SIGINT; returns True when in-flight work drained."""
-        wake_r, wake_w = os.pipe()
-        os.set_blocking(wake_r, False)
-        os.set_blocking(wake_w, False)
-        previous = signal.set_wakeup_fd(wake_w)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
+        self.loop = None  # the asyncio loop, once an async handler is served
+        self.wake_r, self.wake_w = _pipe()  # wakes the leader (shutdown)
+        self.watch_r, self.watch_w = _pipe()  # wakes the watcher (a leader call began)
+        self.signal_r, self.signal_w = _pipe()
         listener.setblocking(False)
-        selector = selectors.DefaultSelector()
-        selector.register(listener, selectors.EVENT_READ)
-        selector.register(wake_r, selectors.EVENT_READ)
+        self.ep.register(listener.fileno(), select.EPOLLIN)
+        self.ep.register(self.wake_r, select.EPOLLIN)
+
+    # -- main thread -----------------------------------------------------------------------
+
+    def serve(self, ready_fd):
+        """Runs until SIGTERM/SIGINT; returns True when in-flight requests drained in time."""
+        previous = signal.set_wakeup_fd(self.signal_w)
+        stop = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: stop.append(signum))
+        threading.Thread(target=self._lead, args=(0,), name="sless-leader", daemon=True).start()
         if ready_fd is not None:
             signal_ready(ready_fd)
         try:
-            while not self.stop_requested:
-                for key, _ in selector.select():
-                    if key.fileobj is listener:
-                        self._accept(listener)
-                    else:
-                        try:
-                            os.read(wake_r, 512)
-                        except BlockingIOError:
-                            pass
+            self._watch(stop)
         finally:
-            selector.close()
             signal.set_wakeup_fd(previous)
-            os.close(wake_r)
-            os.close(wake_w)
-        listener.close()
-        return self._shutdown()
+        with self.lock:
+            self.stopping = True
+        os.write(self.wake_w, b"x")
+        with self.lock:
+            return self.cond.wait_for(lambda: self.inflight == 0, SHUTDOWN_GRACE_S)
 
-    def _on_signal(self, signum, frame):
-        self.stop_requested = True
+    def _watch(self, stop):
+        """Deposes a leader stuck in one call for longer than PROMOTE_AFTER_S, until a signal."""
+        seen = -1
+        idle_rounds = 0
+        readers = [self.signal_r, self.watch_r]
+        while not stop:
+            timeout = None if self.watcher_parked else PROMOTE_AFTER_S
+            ready, _, _ = select.select(readers, [], [], timeout)
+            for fd in ready:
+                _drain(fd)
+            with self.lock:
+                if self.in_call:
+                    idle_rounds = 0
+                    if self.call_seq == seen:
+                        self._promote()
+                    seen = self.call_seq
+                else:
+                    idle_rounds += 1
+                    if idle_rounds > 50:
+                        # Nothing ran for a while: stop ticking until the next call.
+                        self.watcher_parked = True
+                        idle_rounds = 0
 
-    def _accept(self, listener):
+    def _promote(self):
+        """Called with the lock held: hands the loop to a new thread."""
+        self.leader_gen += 1
+        self.in_call = False
+        conn = self.call_conn
+        if conn is not None and conn.registered:
+            # The old leader still owns it; the new one must not read from it meanwhile.
+            self._unregister(conn)
+        threading.Thread(target=self._lead, args=(self.leader_gen,), name="sless-leader", daemon=True).start()
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _lead(self, gen):
+        """Runs the epoll loop until deposed (then returns) or until the loop turns asyncio."""
+        batch = self.batch
+        poll = self.ep.poll
+        while True:
+            if not batch:
+                if self.loop is not None:
+                    return
+                batch.extend(poll())
+            while batch:
+                fd, events = batch.popleft()
+                self._on_event(fd, gen)
+                if self.leader_gen != gen:
+                    return
+                if self.app.entry is not None and self.app.entry.is_async and self.loop is None:
+                    self._run_asyncio()
+                    return
+
+    def _run_asyncio(self):
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self.loop = loop
+        self.app.invoker.loop = loop
+        loop.add_reader(self.ep.fileno(), self._on_epoll_async)
+        loop.call_soon(self._on_epoll_async)
+        loop.run_forever()
+
+    def _on_epoll_async(self):
+        batch = self.batch
+        batch.extend(self.ep.poll(0))
+        while batch:
+            fd, events = batch.popleft()
+            self._on_event(fd, self.leader_gen)
+
+    def _on_event(self, fd, gen):
+        conn = self.conns.get(fd)
+        if conn is not None:
+            if not conn.registered:
+                return  # a stale event of a connection another thread owns now
+            try:
+                data = conn.sock.recv(RECV_SIZE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._close(conn)
+                return
+            conn.reader.buf += data
+            if conn.busy:
+                if len(conn.reader.buf) > MAX_BUFFERED_WHILE_BUSY:
+                    self._unregister(conn)  # read again once the running request is answered
+                return
+            self._drive(conn, gen)
+        elif fd == self.listener.fileno():
+            self._accept()
+        elif fd == self.wake_r:
+            _drain(fd)
+            if self.stopping:
+                self._begin_stop()
+
+    def _accept(self):
         while True:
             try:
-                sock, _ = listener.accept()
+                sock, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 # Out of file descriptors and the like: keep serving the connections there are.
                 log("accept: %s" % exc)
                 return
-            sock.setblocking(True)
-            reader = RequestReader()
-            with self.lock:
-                self.connections[sock] = reader
-            threading.Thread(
-                target=self._serve_connection, args=(sock, reader), name="sless-conn", daemon=True
-            ).start()
+            if self.stopping:
+                sock.close()
+                continue
+            sock.setblocking(False)
+            conn = Conn(sock)
+            self.conns[conn.fd] = conn
+            self._register(conn)
 
-    def _shutdown(self):
-        """Closes idle connections now and waits (bounded) for in-flight requests."""
-        with self.lock:
-            self.stopping = True
-            for sock, reader in self.connections.items():
-                if sock not in self.busy and reader.idle():
-                    _shutdown_socket(sock)
-            return self.drained.wait_for(lambda: not self.busy, SHUTDOWN_GRACE_S)
+    def _register(self, conn):
+        conn.registered = True
+        self.ep.register(conn.fd, select.EPOLLIN)
 
-    def _serve_connection(self, sock, reader):
+    def _unregister(self, conn):
+        conn.registered = False
         try:
-            while self._serve_one(sock, reader):
-                pass
-        except HttpError as exc:
+            self.ep.unregister(conn.fd)
+        except (OSError, ValueError):
+            pass
+
+    def _close(self, conn):
+        if conn.closed:
+            return
+        conn.closed = True
+        if conn.registered:
+            self._unregister(conn)
+        self.conns.pop(conn.fd, None)
+        conn.sock.close()
+
+    def _begin_stop(self):
+        """On the leader's thread: stop accepting, close idle connections."""
+        try:
+            self.ep.unregister(self.listener.fileno())
+        except (OSError, ValueError):
+            pass
+        self.listener.close()
+        for conn in list(self.conns.values()):
+            if conn.registered and not conn.busy and conn.reader.idle():
+                _shutdown_socket(conn.sock)
+                self._close(conn)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _drive(self, conn, gen):
+        """Answers the complete requests buffered on ``conn``, in order.
+
+        ``gen`` is the leadership generation of the calling thread; a thread that is not (or is
+        no longer) the leader owns ``conn`` and registers it again when done.
+        """
+        reader = conn.reader
+        app = self.app
+        while not conn.closed:
             try:
-                sock.sendall(build_response(exc.status, error_body(str(exc)), close=True))
-            except OSError:
-                pass
-        except OSError:
-            pass  # The client went away; nobody to answer.
-        finally:
-            with self.lock:
-                self.connections.pop(sock, None)
-                self.busy.discard(sock)
-                self.drained.notify_all()
-            sock.close()
-
-    def _serve_one(self, sock, reader):
-        """Reads, answers one request; returns whether the connection stays open."""
-        request = reader.next_request()
-        while request is None:
-            if reader.want_continue:
-                reader.want_continue = False
-                sock.sendall(CONTINUE)
-            data = sock.recv(RECV_SIZE)
-            if not data:
-                return False
-            reader.buf += data
-            request = reader.next_request()
-
-        with self.lock:
-            self.busy.add(sock)
-        try:
-            answer = route(request)
-            if answer is None:
-                with self.slots:
-                    status, body = self.invoker.call_sync(request.body, request.headers)
-                content_type = b"application/json"
-            else:
+                request = reader.next_request()
+            except HttpError as exc:
+                self._send(conn, build_response(exc.status, error_body(str(exc)), close=True), gen)
+                self._close(conn)
+                return
+            if request is None:
+                if reader.want_continue:
+                    reader.want_continue = False
+                    self._send(conn, CONTINUE, gen)
+                break
+            answer = None if request.decoded else app.route(request, self, conn)
+            if answer is not None:
                 status, body, content_type = answer
-            close = not request.keep_alive or self.stopping
-            sock.sendall(build_response(status, body, content_type, close))
-        finally:
+                self._respond(conn, request, status, body, content_type, gen)
+                if app.failed_load is not None:
+                    app.exit_after_failed_load(self)
+                continue
+            if app.entry.is_async:
+                self._start_task(conn, request)
+                return
             with self.lock:
-                self.busy.discard(sock)
+                if self.running >= app.concurrency:
+                    # No slot: park the connection; a finishing call picks it up.
+                    reader.requeue(request)
+                    if conn.registered:
+                        self._unregister(conn)
+                    self.backlog.append(conn)
+                    return
+                self.running += 1
+                self.inflight += 1
+            leader = self.leader_gen == gen
+            if leader:
+                self.call_conn = conn
+                self.call_seq += 1
+                self.in_call = True
+                if self.watcher_parked:
+                    self.watcher_parked = False
+                    os.write(self.watch_w, b"x")
+            try:
+                status, body = app.invoker.call_sync(request.body, request.headers)
+            finally:
+                with self.lock:
+                    self.running -= 1
+                    if leader:
+                        self.in_call = False
+                        leader = self.leader_gen == gen
+                    waiting = self.backlog.popleft() if self.backlog else None
+            self._respond(conn, request, status, body, b"application/json", gen)
+            with self.lock:
+                self.inflight -= 1
                 if self.stopping:
-                    self.drained.notify_all()
-        return not close
+                    self.cond.notify_all()
+            if not leader:
+                gen = -1  # deposed meanwhile: finish this connection as a worker
+            if waiting is not None:
+                self._drive(waiting, gen)
+        if not conn.closed and not conn.registered and not conn.busy:
+            if self.stopping and reader.idle():
+                self._close(conn)
+            else:
+                self._register(conn)
+
+    def _respond(self, conn, request, status, body, content_type, gen):
+        close = not request.keep_alive or self.stopping
+        self._send(conn, build_response(status, body, content_type, close), gen)
+        if close:
+            self._close(conn)
+
+    def _send(self, conn, data, gen):
+        """Writes all of ``data``; a write that would block is finished blocking, watched like a
+        handler call so that a slow reader cannot stall the loop."""
+        sock = conn.sock
+        try:
+            sent = sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._close(conn)
+            return
+        if sent == len(data):
+            return
+        leader = self.loop is None and self.leader_gen == gen
+        if leader:
+            self.call_conn = conn
+            self.call_seq += 1
+            self.in_call = True
+            if self.watcher_parked:
+                self.watcher_parked = False
+                os.write(self.watch_w, b"x")
+        try:
+            sock.setblocking(True)
+            sock.sendall(memoryview(data)[sent:])
+            sock.setblocking(False)
+        except OSError:
+            self._close(conn)
+        finally:
+            if leader:
+                with self.lock:
+                    self.in_call = False
+
+    def _start_task(self, conn, request):
+        conn.busy = True
+        with self.lock:
+            self.inflight += 1
+        task = self.loop.create_task(self.app.invoker.call_async(request.body, request.headers))
+        task.add_done_callback(lambda t: self._finish_task(conn, request, t))
+
+    def _finish_task(self, conn, request, task):
+        if task.cancelled():
+            status, body = 500, error_body("handler cancelled")
+        else:
+            try:
+                status, body = task.result()
+            except BaseException as exc:  # noqa: BLE001 - only if call_async itself broke
+                status, body = 500, error_body(exception_message(exc))
+        conn.busy = False
+        if not conn.closed:
+            self._respond(conn, request, status, body, JSON_TYPE, self.leader_gen)
+        with self.lock:
+            self.inflight -= 1
+            if self.stopping:
+                self.cond.notify_all()
+        if not conn.closed:
+            self._drive(conn, self.leader_gen)
+
+
+def _pipe():
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    return r, w
+
+
+def _drain(fd):
+    try:
+        while os.read(fd, 512):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass
 
 
 def _shutdown_socket(sock):
@@ -668,197 +932,185 @@ def _shutdown_socket(sock):
 
 
 # --------------------------------------------------------------------------------------------
-# asyncio server (async def handlers)
+# The function being served
 # --------------------------------------------------------------------------------------------
 
 
-class AsyncServer:
-    """Shared state of the asyncio connections: the invoker and shutdown bookkeeping."""
+class App:
+    """What the server serves: the entrypoint once loaded, and the routes of the protocol."""
 
-    def __init__(self, invoker, loop):
-        self.invoker = invoker
-        self.loop = loop
-        self.connections = set()
-        self.inflight = 0
-        self.stopping = False
-        self.stop_requested = loop.create_future()
-        self.drained = loop.create_future()
+    def __init__(self, code_dir, deps_dir, entry=None, identity=("", "", ""), concurrency=1):
+        self.code_dir = code_dir
+        self.deps_dir = deps_dir
+        self.entry = entry
+        self.invoker = Invoker(entry, identity) if entry is not None else None
+        self.concurrency = max(1, concurrency)
+        self.failed_load = None  # the message of a failed /_sless/load; the process then exits
+        self.socket_path = None
 
-    def request_done(self):
-        self.inflight -= 1
-        self._check_drained()
+    def route(self, request, server, conn):
+        """Answers everything but an invocation: returns ``(status, body, content_type)``, or
+        None for a ``POST /_sless/invoke`` whose event decoded (then stored as ``request.body``)."""
+        path = request.path
+        if path == "/_sless/invoke":
+            if request.method != "POST":
+                return 405, error_body("use POST"), JSON_TYPE
+            if self.entry is None:
+                return 503, error_body("no function loaded"), JSON_TYPE
+            if request.body:
+                try:
+                    request.body = json.loads(request.body)
+                except ValueError as exc:
+                    return 400, error_body("invalid JSON event: %s" % exc), JSON_TYPE
+            else:
+                request.body = None
+            request.decoded = True
+            return None
+        if path == "/_sless/ready":
+            if request.method != "GET":
+                return 405, error_body("use GET"), JSON_TYPE
+            return 200, b"ok", b"text/plain"
+        if path == "/_sless/load":
+            if request.method != "POST":
+                return 405, error_body("use POST"), JSON_TYPE
+            return self.load(request.body)
+        return 404, error_body("not found: %s" % path), JSON_TYPE
 
-    def _check_drained(self):
-        if self.stopping and self.inflight == 0 and not self.drained.done():
-            self.drained.set_result(None)
-
-    def begin_shutdown(self):
-        if self.stopping:
-            return
-        self.stopping = True
-        self.stop_requested.set_result(None)
-        for conn in list(self.connections):
-            conn.shutdown()
-        self._check_drained()
-
-    async def serve(self, listener, ready_fd):
-        """Serves until SIGTERM/SIGINT; returns True when in-flight work drained."""
-        loop = self.loop
-        server = await loop.create_unix_server(lambda: Connection(self), sock=listener, backlog=1024)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.begin_shutdown)
-        if ready_fd is not None:
-            signal_ready(ready_fd)
-        await self.stop_requested
-        server.close()
+    def load(self, raw):
+        """``POST /_sless/load`` of a generic instance: imports the function named in the body."""
+        if self.entry is not None or self.failed_load is not None:
+            return 409, error_body("a function is already loaded"), JSON_TYPE
         try:
-            await asyncio.wait_for(asyncio.shield(self.drained), SHUTDOWN_GRACE_S)
-            graceful = True
-        except asyncio.TimeoutError:
-            graceful = False
-        for conn in list(self.connections):
-            conn.transport.close()
-        return graceful
+            spec = json.loads(raw) if raw else None
+        except ValueError as exc:
+            return 400, error_body("invalid load request: %s" % exc), JSON_TYPE
+        if not isinstance(spec, dict) or not isinstance(spec.get("entrypoint"), str) or not spec["entrypoint"]:
+            return 400, error_body('invalid load request: "entrypoint" (a string) is required'), JSON_TYPE
+        env = spec.get("env") or {}
+        if not isinstance(env, dict):
+            return 400, error_body('invalid load request: "env" must be an object'), JSON_TYPE
+        environ = os.environ
+        for key, value in env.items():
+            environ[str(key)] = str(value)
+        identity = {
+            "SLESS_ENTRYPOINT": spec["entrypoint"],
+            "SLESS_NAMESPACE": spec.get("namespace"),
+            "SLESS_FUNCTION": spec.get("function"),
+            "SLESS_REVISION": spec.get("revision"),
+            "SLESS_CONCURRENCY": spec.get("concurrency"),
+        }
+        for key, value in identity.items():
+            if value is not None:
+                environ[key] = str(value)
+        try:
+            concurrency = env_int("SLESS_CONCURRENCY", 1)
+            setup_sys_path(self.code_dir, self.deps_dir)
+            # The finders may have looked at the (then empty) code dir already.
+            importlib.invalidate_caches()
+            entry = load_entrypoint(spec["entrypoint"], self.code_dir)
+        except LoadError as exc:
+            log(str(exc))
+            self.failed_load = str(exc)
+            return 500, error_body(str(exc)), JSON_TYPE
+        self.concurrency = max(1, concurrency)
+        self.invoker = Invoker(
+            entry,
+            (environ.get("SLESS_FUNCTION", ""), environ.get("SLESS_NAMESPACE", ""), environ.get("SLESS_REVISION", "")),
+        )
+        self.entry = entry
+        return 200, b'{"ok":true}', JSON_TYPE
+
+    def exit_after_failed_load(self, server):
+        """The answer to a failed load is on its way: exit with the load-error status."""
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            if self.socket_path:
+                try:
+                    os.unlink(self.socket_path)
+                except OSError:
+                    pass
+            os._exit(EXIT_LOAD_ERROR)
 
 
-class Connection(asyncio.Protocol):
-    """One client connection of the asyncio server: parses requests and answers them in order.
+# --------------------------------------------------------------------------------------------
+# Output: request ids on log lines
+# --------------------------------------------------------------------------------------------
 
-    Requests on one connection are handled one at a time (the platform's pool sends one request
-    per connection at once; a pipelining client simply waits), which keeps responses in order
-    without a reordering buffer. Concurrency comes from many connections.
+
+class TaggedStream:
+    """Wraps sys.stdout/sys.stderr: while a request is handled, every line written starts with
+    ``[<request id>] ``. Outside a request writes pass straight through.
+
+    The request id lives in a context variable, so it follows the handler into the thread it
+    runs in and into its asyncio task. A partial line is held (per request and thread) until its
+    newline arrives, or until the request ends, so that a prefix is never written mid-line.
     """
 
-    def __init__(self, server):
-        self.server = server
-        self.transport = None
-        self.reader = RequestReader()
-        self.busy = False
-        self.reading_paused = False
-        self.writing_paused = False
-        self.closed = False
-        self.close_after_response = False
+    def __init__(self, stream):
+        self._stream = stream
+        self._partial = {}  # (request id, thread id) -> text of an unfinished line
 
-    # -- asyncio.Protocol --------------------------------------------------------------------
-
-    def connection_made(self, transport):
-        self.transport = transport
-        self.server.connections.add(self)
-        if self.server.stopping:
-            self.closed = True
-            transport.close()
-
-    def connection_lost(self, exc):
-        self.closed = True
-        self.server.connections.discard(self)
-
-    def data_received(self, data):
-        self.reader.buf += data
-        if self.busy:
-            if len(self.reader.buf) > MAX_BUFFERED_WHILE_BUSY and not self.reading_paused:
-                self.reading_paused = True
-                self.transport.pause_reading()
-            return
-        self.process()
-
-    def eof_received(self):
-        # A half-closed client gets its in-flight answer; the connection closes afterwards.
-        if self.busy:
-            self.close_after_response = True
-            return True
-        return False
-
-    def pause_writing(self):
-        self.writing_paused = True
-
-    def resume_writing(self):
-        self.writing_paused = False
-        if not self.busy:
-            self.process()
-
-    # -- requests ------------------------------------------------------------------------------
-
-    def process(self):
-        """Parses and dispatches buffered requests until one is in flight or data runs out."""
-        reader = self.reader
-        while not self.busy and not self.closed and not self.writing_paused:
-            try:
-                request = reader.next_request()
-            except HttpError as exc:
-                self.busy = True  # nothing more is read from this connection
-                self.transport.write(build_response(exc.status, error_body(str(exc)), close=True))
-                self.closed = True
-                self.transport.close()
-                return
-            if request is None:
-                if reader.want_continue:
-                    reader.want_continue = False
-                    self.transport.write(CONTINUE)
-                break
-            answer = route(request)
-            if answer is None:
-                self.invoke(request)
-            else:
-                self.respond(request, *answer)
-        if self.reading_paused and not self.busy and not self.closed:
-            self.reading_paused = False
-            self.transport.resume_reading()
-
-    def invoke(self, request):
-        server = self.server
-        server.inflight += 1
-        self.busy = True
-        task = server.loop.create_task(server.invoker.call_async(request.body, request.headers))
-        task.add_done_callback(lambda t: self._finish(request, t))
-
-    def _finish(self, request, task):
-        if task.cancelled():
-            status, body = 500, error_body("handler cancelled")
+    def write(self, text):
+        rid = _request_id.get()
+        if rid is None:
+            return self._stream.write(text)
+        key = (rid, threading.get_ident())
+        pending = self._partial.pop(key, None)
+        if pending is not None:
+            text_all = pending + text
         else:
-            try:
-                status, body = task.result()
-            except BaseException as exc:  # noqa: BLE001 - only if call_async itself broke
-                status, body = 500, error_body(exception_message(exc))
-        self.server.request_done()
-        self.busy = False
-        self.respond(request, status, body, b"application/json")
-        if not self.closed and self.reader.buf:
-            self.process()
+            text_all = text
+        if "\n" not in text_all:
+            if text_all:
+                self._partial[key] = text_all
+            return len(text)
+        head, _, tail = text_all.rpartition("\n")
+        prefix = "[%s] " % rid
+        if tail:
+            self._partial[key] = tail
+        self._stream.write(prefix + head.replace("\n", "\n" + prefix) + "\n")
+        return len(text)
 
-    def respond(self, request, status, body, content_type):
-        if self.closed:
-            return
-        close = not request.keep_alive or self.close_after_response or self.server.stopping
-        self.transport.write(build_response(status, body, content_type, close))
-        if close:
-            self.closed = True
-            self.transport.close()
-        elif self.reading_paused and not self.busy:
-            self.reading_paused = False
-            self.transport.resume_reading()
+    def end_request(self, rid):
+        """Writes what is left of an unfinished line of ``rid`` in the calling thread."""
+        if self._partial:
+            tail = self._partial.pop((rid, threading.get_ident()), None)
+            if tail:
+                self._stream.write("[%s] %s\n" % (rid, tail))
 
-    def shutdown(self):
-        """Called on SIGTERM: idle connections close now, busy ones after their response."""
-        if self.busy:
-            self.close_after_response = True
-        elif self.reader.idle():
-            self.closed = True
-            self.transport.close()
-        # A partly received request is left to complete; its response closes the connection.
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def configure_streams():
+    """Makes stdout/stderr line-buffered (log lines reach the platform immediately) and tags the
+    lines handlers write with their request id."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        try:
+            stream.reconfigure(line_buffering=True, errors="backslashreplace")
+        except (AttributeError, ValueError):
+            pass
+        if not isinstance(stream, TaggedStream):
+            setattr(sys, name, TaggedStream(stream))
+
+
+def _end_request_output(rid):
+    for stream in (sys.stdout, sys.stderr):
+        end = getattr(stream, "end_request", None)
+        if end is not None:
+            end(rid)
 
 
 # --------------------------------------------------------------------------------------------
 # Startup
 # --------------------------------------------------------------------------------------------
-
-
-def configure_streams():
-    """Makes stdout/stderr line-buffered so log lines reach the platform immediately."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(line_buffering=True, errors="backslashreplace")
-        except (AttributeError, ValueError):
-            pass
 
 
 def env_int(name, default):
@@ -899,20 +1151,12 @@ def listen_unix(path):
     return sock
 
 
-def serve(entry, socket_path, ready_fd, concurrency, identity):
+def serve(app, socket_path, ready_fd):
     """Listens and serves until SIGTERM; returns True when in-flight requests drained in time."""
     listener = listen_unix(socket_path)
+    app.socket_path = socket_path
     try:
-        if entry.is_async:
-
-            async def run():
-                loop = asyncio.get_running_loop()
-                server = AsyncServer(Invoker(entry, identity, loop), loop)
-                return await server.serve(listener, ready_fd)
-
-            graceful = asyncio.run(run())
-        else:
-            graceful = ThreadedServer(Invoker(entry, identity), concurrency).serve(listener, ready_fd)
+        graceful = Server(listener, app).serve(ready_fd)
     finally:
         listener.close()
         try:
@@ -924,6 +1168,18 @@ def serve(entry, socket_path, ready_fd, concurrency, identity):
     return graceful
 
 
+def _warm_up():
+    """Runs the per-request code paths once so a generic instance has nothing left to import or
+    compile when its function arrives."""
+    reader = RequestReader()
+    reader.buf += b"POST /_sless/invoke HTTP/1.1\r\nContent-Length: 2\r\nx-sless-request-id: w\r\n\r\n{}"
+    request = reader.next_request()
+    json.loads(request.body)
+    encode_result({"warm": [1, 2.5, None, True]})
+    build_response(200, b"{}")
+    inspect.signature(_warm_up)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     check = "--check" in argv
@@ -931,12 +1187,22 @@ def main(argv=None):
     env = os.environ
     code_dir = env.get("SLESS_CODE_DIR") or "/code"
     deps_dir = env.get("SLESS_DEPS_DIR") or "/deps"
-    spec = env.get("SLESS_ENTRYPOINT") or DEFAULT_ENTRYPOINT
+    spec = env.get("SLESS_ENTRYPOINT", "")
+    generic = not spec and not check
     try:
         concurrency = env_int("SLESS_CONCURRENCY", 1)
         ready_fd = env_int("SLESS_READY_FD", None)
-        setup_sys_path(code_dir, deps_dir)
-        entry = load_entrypoint(spec, code_dir)
+        if generic:
+            # The code arrives later (POST /_sless/load); until then only the shim's own
+            # directory is taken off the path.
+            setup_sys_path(None, None)
+            app = App(code_dir, deps_dir, concurrency=concurrency)
+            _warm_up()
+        else:
+            setup_sys_path(code_dir, deps_dir)
+            entry = load_entrypoint(spec or DEFAULT_ENTRYPOINT, code_dir)
+            identity = (env.get("SLESS_FUNCTION", ""), env.get("SLESS_NAMESPACE", ""), env.get("SLESS_REVISION", ""))
+            app = App(code_dir, deps_dir, entry, identity, concurrency)
     except LoadError as exc:
         log(str(exc))
         return EXIT_LOAD_ERROR
@@ -947,18 +1213,15 @@ def main(argv=None):
     if not socket_path:
         log("SLESS_SOCKET is not set")
         return 2
-    identity = (env.get("SLESS_FUNCTION", ""), env.get("SLESS_NAMESPACE", ""), env.get("SLESS_REVISION", ""))
     try:
-        graceful = serve(entry, socket_path, ready_fd, concurrency, identity)
+        graceful = serve(app, socket_path, ready_fd)
     except OSError as exc:
         log("cannot serve on %s: %s" % (socket_path, exc))
         return 2
-    if not graceful:
-        # Handler threads that are still running must not hold up (or crash) interpreter exit.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    return 0
+    # Handler threads that are still running (or idle leaders) must not hold up interpreter exit.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

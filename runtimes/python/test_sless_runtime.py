@@ -161,6 +161,11 @@ class Shim:
             if own:
                 conn.close()
 
+    def stop_keep_logs(self):
+        """SIGTERMs the shim and waits for it, keeping its output for reading."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=15)
+
     def stop(self):
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -643,6 +648,164 @@ class ConcurrencyLimitTest(unittest.TestCase):
             shim.stop()
 
 
+def post_json(shim, path, payload, conn=None):
+    own = conn is None
+    conn = conn or shim.conn()
+    try:
+        conn.request("POST", path, body=json.dumps(payload), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        if own:
+            conn.close()
+
+
+LOAD = {
+    "entrypoint": "handler.handle",
+    "env": {"GREETING": "hej"},
+    "namespace": "team-b",
+    "function": "late",
+    "revision": 3,
+    "concurrency": 4,
+}
+
+
+class GenericInstanceTest(unittest.TestCase):
+    """An instance started without SLESS_ENTRYPOINT, specialised by POST /_sless/load."""
+
+    def start_generic(self):
+        shim = Shim({}, entrypoint="")
+        del shim.env["SLESS_FUNCTION"], shim.env["SLESS_NAMESPACE"], shim.env["SLESS_REVISION"]
+        shim.start()
+        self.addCleanup(shim.stop)
+        self.assertEqual(shim.wait_ready(), b"ready\n")
+        return shim
+
+    def test_load_then_invoke_with_env_and_context(self):
+        shim = self.start_generic()
+        conn = shim.conn()
+        conn.request("GET", "/_sless/ready")
+        resp = conn.getresponse()
+        self.assertEqual((resp.status, resp.read()), (200, b"ok"))
+        self.assertEqual(shim.invoke({}, conn=conn)[::2], (503, {"error": "no function loaded"}))
+        # The platform fills the code dir only now, after the instance started.
+        _write_tree(
+            shim.code,
+            {
+                "handler.py": """
+                import os
+                AT_IMPORT = os.environ.get("GREETING")
+                def handle(event, context):
+                    return {
+                        "at_import": AT_IMPORT,
+                        "entrypoint": os.environ["SLESS_ENTRYPOINT"],
+                        "function": context.function_name,
+                        "namespace": context.namespace,
+                        "revision": context.revision,
+                        "event": event,
+                    }
+                """
+            },
+        )
+        self.assertEqual(post_json(shim, "/_sless/load", LOAD, conn), (200, {"ok": True}))
+        status, _, body = shim.invoke(5, conn=conn)
+        self.assertEqual(status, 200)
+        self.assertEqual(
+            body,
+            {
+                "at_import": "hej",
+                "entrypoint": "handler.handle",
+                "function": "late",
+                "namespace": "team-b",
+                "revision": "3",
+                "event": 5,
+            },
+        )
+        self.assertEqual(post_json(shim, "/_sless/load", LOAD, conn)[0], 409)
+        self.assertEqual(shim.invoke(6, conn=conn)[0], 200)
+        conn.close()
+
+    def test_async_handler_and_deps_after_load(self):
+        shim = self.start_generic()
+        _write_tree(shim.code, {"handler.py": "import asyncio, helper\nasync def handle(e):\n    await asyncio.sleep(0.2)\n    return helper.shout(e)\n"})
+        _write_tree(shim.deps, {"helper.py": "def shout(s):\n    return s.upper()\n"})
+        self.assertEqual(post_json(shim, "/_sless/load", LOAD), (200, {"ok": True}))
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(shim.invoke("hi")[::2])) for _ in range(6)]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertLess(time.monotonic() - started, 1.0)
+        self.assertEqual(results, [(200, "HI")] * 6)
+
+    def test_load_of_missing_module_is_500_and_exit_3(self):
+        shim = self.start_generic()
+        status, body = post_json(shim, "/_sless/load", LOAD)
+        self.assertEqual(
+            (status, body), (500, {"error": 'entrypoint module "handler" not found (no handler.py)'})
+        )
+        self.assertEqual(shim.proc.wait(timeout=START_TIMEOUT_S), 3)
+        self.assertIn('sless: entrypoint module "handler" not found (no handler.py)', shim.stderr_text())
+
+    def test_load_of_failing_import_prints_traceback(self):
+        shim = self.start_generic()
+        _write_tree(shim.code, {"handler.py": "raise RuntimeError('bad config')\n"})
+        status, body = post_json(shim, "/_sless/load", LOAD)
+        self.assertEqual(status, 500)
+        self.assertEqual(body["error"], 'entrypoint module "handler" failed to import: RuntimeError: bad config')
+        self.assertEqual(shim.proc.wait(timeout=START_TIMEOUT_S), 3)
+        self.assertIn("Traceback", shim.stderr_text())
+
+
+class RequestIdLogTest(unittest.TestCase):
+    def test_lines_written_during_a_request_carry_its_id(self):
+        shim = Shim(
+            {
+                "handler.py": """
+                import sys, threading, time
+                print("importing")
+                def handle(event):
+                    n = event["n"]
+                    print("start", n)
+                    sys.stdout.write("partial ")
+                    time.sleep(0.05)
+                    sys.stdout.write("line %d\\n" % n)
+                    sys.stderr.write("err %d\\ntwo %d\\n" % (n, n))
+                    time.sleep(0.05)
+                    print("no newline", n, end="")
+                    return n
+                """
+            },
+            concurrency=8,
+        ).start()
+        try:
+            shim.wait_ready()
+            threads = [
+                threading.Thread(target=lambda n=n: shim.invoke({"n": n}, {"x-sless-request-id": "r%d" % n}))
+                for n in range(6)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            shim.stop_keep_logs()
+            out = shim.proc.stdout.read().decode()
+            err = shim.stderr_text()
+        finally:
+            shim.stop()
+        out_lines = out.splitlines()
+        self.assertEqual(out_lines[0], "importing")
+        for n in range(6):
+            for line in ("[r%d] start %d" % (n, n), "[r%d] partial line %d" % (n, n), "[r%d] no newline %d" % (n, n)):
+                self.assertIn(line, out_lines)
+            self.assertIn("[r%d] err %d\n[r%d] two %d\n" % (n, n, n, n), err)
+        for line in out_lines[1:]:
+            rid, _, text = line.partition("] ")
+            self.assertEqual(rid[2:], text.split()[-1], line)
+
+
 class ShutdownTest(unittest.TestCase):
     SLOW_HANDLERS = {
         "plain": """
@@ -678,7 +841,7 @@ class ShutdownTest(unittest.TestCase):
             t = threading.Thread(target=lambda: result.append(shim.invoke({})[::2]))
             t.start()
             # The handler's print arrives while it still runs: stdout is line-buffered.
-            self.assertEqual(shim.proc.stdout.readline(), b"started\n")
+            self.assertEqual(shim.proc.stdout.readline(), b"[req-1] started\n")
             shim.proc.send_signal(signal.SIGTERM)
             t.join()
             self.assertEqual(result, [(200, "done")])

@@ -78,6 +78,10 @@ pub struct BuildConfig {
     pub limits: ArchiveLimits,
     /// Memory of a sandboxed build step, in MiB.
     pub memory_mb: u32,
+    /// Whether a build ends by loading the entrypoint in a sandboxed shim. A server
+    /// that proves every revision by starting an instance of it before calling it
+    /// ready turns this off, saving an interpreter start per deploy.
+    pub check_entrypoint: bool,
 }
 
 impl BuildConfig {
@@ -94,6 +98,7 @@ impl BuildConfig {
             timeout: Duration::from_secs(600),
             limits: ArchiveLimits::default(),
             memory_mb: 1024,
+            check_entrypoint: true,
         }
     }
 }
@@ -393,8 +398,10 @@ impl Builder {
             }
         }
 
-        self.check(key, req, code.path(), deps_dir.as_deref(), deadline)
-            .await?;
+        if self.cfg.check_entrypoint {
+            self.check(key, req, code.path(), deps_dir.as_deref(), deadline)
+                .await?;
+        }
 
         let marker = serde_json::to_vec(&BuiltMarker {
             format: BUILDER_FORMAT_VERSION,

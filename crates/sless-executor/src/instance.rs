@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,9 @@ use tokio::sync::watch;
 
 use crate::{Deployment, ExecutorConfig, InvokeRequest};
 
+/// Idle connections kept per instance (beyond them, finished connections close).
+const MAX_IDLE_CONNS: usize = 64;
+
 /// Lines of stderr kept to explain a failed start.
 const STDERR_TAIL: usize = 12;
 
@@ -32,11 +35,15 @@ pub(crate) const STOPPING: u8 = 3;
 
 pub(crate) struct Instance {
     pub id: String,
-    pub revision: u64,
+    /// The revision it serves; 0 while it is a generic (pre-started) instance.
+    revision: AtomicU64,
+    family: RuntimeFamily,
     socket: PathBuf,
     run_dir: PathBuf,
+    /// Where the function's files are linked in when a generic instance is specialised.
+    slot: Option<(PathBuf, PathBuf)>,
+    sink: Arc<SinkSlot>,
     conns: Mutex<Vec<SendRequest<Full<Bytes>>>>,
-    max_idle_conns: usize,
     pub inflight: AtomicU32,
     pub state: AtomicU8,
     killer: Killer,
@@ -59,96 +66,156 @@ impl Instance {
         id: String,
     ) -> Result<Arc<Instance>, String> {
         let run_dir = cfg.run_dir.join(&id);
-        prepare_run_dir(&run_dir, cfg.sandbox_uid, cfg.sandbox_gid).map_err(|e| {
+        let sock_dir = run_dir.join("sock");
+        prepare_run_dir(&run_dir, &sock_dir, None, cfg.sandbox_uid, cfg.sandbox_gid).map_err(
+            |e| {
+                format!(
+                    "cannot prepare instance directory {}: {e}",
+                    run_dir.display()
+                )
+            },
+        )?;
+        let mut spec = process_spec(
+            cfg,
+            d.family,
+            &id,
+            &sock_dir,
+            &d.code_dir,
+            d.deps_dir.as_deref(),
+            d.memory_mb,
+        );
+        spec.env.extend(function_env(d));
+        let instance = launch(
+            cfg,
+            sandbox,
+            spec,
+            Arc::new(SinkSlot::new(Some(sink.clone()))),
+            run_dir,
+            None,
+            d.family,
+        )
+        .await?;
+        instance.revision.store(d.revision, Ordering::Release);
+        Ok(instance)
+    }
+
+    /// Starts a generic instance of a runtime family: sandboxed, interpreter and
+    /// shim loaded, no function yet. [`Instance::specialise`] gives it one.
+    pub async fn start_generic(
+        cfg: &ExecutorConfig,
+        sandbox: &Sandbox,
+        family: RuntimeFamily,
+        id: String,
+    ) -> Result<Arc<Instance>, String> {
+        let run_dir = cfg.run_dir.join(&id);
+        let sock_dir = run_dir.join("sock");
+        let slot = (run_dir.join("code"), run_dir.join("deps"));
+        prepare_run_dir(
+            &run_dir,
+            &sock_dir,
+            Some(&slot),
+            cfg.sandbox_uid,
+            cfg.sandbox_gid,
+        )
+        .map_err(|e| {
             format!(
                 "cannot prepare instance directory {}: {e}",
                 run_dir.display()
             )
         })?;
-        let spec = process_spec(cfg, d, &id, &run_dir);
-        let mut child = match sandbox.spawn(&spec) {
-            Ok(child) => child,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&run_dir);
-                return Err(format!("cannot start instance: {e}"));
-            }
-        };
-        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
-        if let Some(out) = child.stdout.take() {
-            tokio::spawn(pump(out, sink.clone(), "stdout", None));
-        }
-        if let Some(err) = child.stderr.take() {
-            tokio::spawn(pump(err, sink.clone(), "stderr", Some(tail.clone())));
-        }
-        let ready = child.ready.take();
-        let killer = child.killer();
-        let (exit_tx, mut exit_rx) = watch::channel(None);
-        tokio::spawn(async move {
-            let exit = child.wait().await;
-            let _ = exit_tx.send(Some(exit));
-            // Dropping the child removes its cgroup.
-            drop(child);
-        });
-
-        let explain = |what: String, tail: &Mutex<VecDeque<String>>| {
-            let lines: Vec<String> = tail
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .cloned()
-                .collect();
-            if lines.is_empty() {
-                what
-            } else {
-                format!("{what}: {}", lines.join("\n"))
-            }
-        };
-        let start_timeout = cfg.start_timeout;
-        let signalled = tokio::select! {
-            r = wait_ready_line(ready) => r,
-            _ = exit_rx.changed() => Err(String::new()),
-            _ = tokio::time::sleep(start_timeout) => Err(format!("did not become ready within {} s", start_timeout.as_secs())),
-        };
-        if let Err(why) = signalled {
-            killer.kill();
-            // Let the exit status and the last stderr lines arrive, to say why.
-            let exit =
-                tokio::time::timeout(Duration::from_secs(2), exit_rx.wait_for(|e| e.is_some()))
-                    .await
-                    .ok()
-                    .and_then(|r| r.ok().and_then(|e| e.clone()));
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            let _ = std::fs::remove_dir_all(&run_dir);
-            let what = match (why.is_empty(), exit) {
-                (false, _) => format!("instance {why}"),
-                (true, Some(exit)) => format!("instance {exit} while starting"),
-                (true, None) => "instance exited while starting".to_string(),
-            };
-            return Err(explain(what, &tail));
-        }
-
-        let instance = Arc::new(Instance {
-            id,
-            revision: d.revision,
-            socket: run_dir.join("fn.sock"),
+        let spec = process_spec(
+            cfg,
+            family,
+            &id,
+            &sock_dir,
+            &slot.0,
+            Some(&slot.1),
+            GENERIC_MEMORY_MB,
+        );
+        launch(
+            cfg,
+            sandbox,
+            spec,
+            Arc::new(SinkSlot::new(None)),
             run_dir,
-            conns: Mutex::new(Vec::new()),
-            max_idle_conns: d.concurrency.clamp(1, 64) as usize + 2,
-            inflight: AtomicU32::new(0),
-            state: AtomicU8::new(STARTING),
-            killer,
-            last_used: Mutex::new(Instant::now()),
-            exit: exit_rx,
-        });
-        if let Err(e) = instance.readiness_check().await {
-            instance.kill();
-            return Err(explain(
-                format!("instance failed its readiness check: {e}"),
-                &tail,
-            ));
+            Some(slot),
+            family,
+        )
+        .await
+    }
+
+    /// Turns a generic instance into an instance of `d`: links the function's
+    /// files into its (bind-mounted) code and deps directories, applies the memory
+    /// limit and asks the shim to load the entrypoint. `Err(Load)` is the user's
+    /// problem (the module or function is missing); anything else is the platform's.
+    pub async fn specialise(&self, d: &Deployment, sink: &LogSink) -> Result<(), SpecialiseError> {
+        let Some((code, deps)) = &self.slot else {
+            return Err(SpecialiseError::Platform("not a generic instance".into()));
+        };
+        if self.family != d.family {
+            return Err(SpecialiseError::Platform("runtime family differs".into()));
         }
-        instance.state.store(READY, Ordering::Release);
-        Ok(instance)
+        let (src_code, src_deps) = (d.code_dir.clone(), d.deps_dir.clone());
+        let (dst_code, dst_deps) = (code.clone(), deps.clone());
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            link_tree(&src_code, &dst_code)?;
+            if let Some(src) = src_deps {
+                link_tree(&src, &dst_deps)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| SpecialiseError::Platform(e.to_string()))?
+        .map_err(|e| SpecialiseError::Platform(format!("cannot link the function's files: {e}")))?;
+        self.killer
+            .set_memory_mb(d.memory_mb)
+            .map_err(|e| SpecialiseError::Platform(format!("cannot set the memory limit: {e}")))?;
+        self.sink.set(sink.clone());
+        let body = serde_json::json!({
+            "entrypoint": d.entrypoint,
+            "env": d.env,
+            "namespace": d.namespace,
+            "function": d.name,
+            "revision": d.revision,
+            "concurrency": d.concurrency,
+        });
+        let mut sender = self
+            .checkout()
+            .await
+            .map_err(|e| SpecialiseError::Platform(describe(e)))?;
+        let req = hyper::Request::post("/_sless/load")
+            .header(hyper::header::HOST, "instance")
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .map_err(|e| SpecialiseError::Platform(e.to_string()))?;
+        let resp = sender.send_request(req).await.map_err(|e| {
+            SpecialiseError::Platform(format!("instance failed while loading ({e})"))
+        })?;
+        let status = resp.status();
+        let answer = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        if status.is_success() {
+            self.checkin(sender);
+            self.revision.store(d.revision, Ordering::Release);
+            return Ok(());
+        }
+        let message = serde_json::from_slice::<serde_json::Value>(&answer)
+            .ok()
+            .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_string))
+            .unwrap_or_else(|| format!("loading the function failed with status {status}"));
+        if status.as_u16() == 500 {
+            Err(SpecialiseError::Load(message))
+        } else {
+            Err(SpecialiseError::Platform(message))
+        }
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.revision.load(Ordering::Acquire)
     }
 
     async fn readiness_check(&self) -> Result<(), String> {
@@ -245,7 +312,7 @@ impl Instance {
 
     fn checkin(&self, sender: SendRequest<Full<Bytes>>) {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        if conns.len() < self.max_idle_conns {
+        if conns.len() < MAX_IDLE_CONNS {
             conns.push(sender);
         }
     }
@@ -273,6 +340,158 @@ impl Instance {
     }
 }
 
+/// Spawns `spec` in the sandbox, copies its output into `sink`, waits for its
+/// `ready` line and its readiness check.
+async fn launch(
+    cfg: &ExecutorConfig,
+    sandbox: &Sandbox,
+    spec: ProcessSpec,
+    sink: Arc<SinkSlot>,
+    run_dir: PathBuf,
+    slot: Option<(PathBuf, PathBuf)>,
+    family: RuntimeFamily,
+) -> Result<Arc<Instance>, String> {
+    let id = spec.id.clone();
+    let mut child = match sandbox.spawn(&spec) {
+        Ok(child) => child,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&run_dir);
+            return Err(format!("cannot start instance: {e}"));
+        }
+    };
+    let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
+    if let Some(out) = child.stdout.take() {
+        tokio::spawn(pump(out, sink.clone(), "stdout", None));
+    }
+    if let Some(err) = child.stderr.take() {
+        tokio::spawn(pump(err, sink.clone(), "stderr", Some(tail.clone())));
+    }
+    let ready = child.ready.take();
+    let killer = child.killer();
+    let (exit_tx, mut exit_rx) = watch::channel(None);
+    tokio::spawn(async move {
+        let exit = child.wait().await;
+        let _ = exit_tx.send(Some(exit));
+        // Dropping the child removes its cgroup.
+        drop(child);
+    });
+
+    let explain = |what: String, tail: &Mutex<VecDeque<String>>| {
+        let lines: Vec<String> = tail
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        if lines.is_empty() {
+            what
+        } else {
+            format!("{what}: {}", lines.join("\n"))
+        }
+    };
+    let start_timeout = cfg.start_timeout;
+    let signalled = tokio::select! {
+        r = wait_ready_line(ready) => r,
+        _ = exit_rx.changed() => Err(String::new()),
+        _ = tokio::time::sleep(start_timeout) => Err(format!("did not become ready within {} s", start_timeout.as_secs())),
+    };
+    if let Err(why) = signalled {
+        killer.kill();
+        // Let the exit status and the last stderr lines arrive, to say why.
+        let exit = tokio::time::timeout(Duration::from_secs(2), exit_rx.wait_for(|e| e.is_some()))
+            .await
+            .ok()
+            .and_then(|r| r.ok().and_then(|e| e.clone()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let _ = std::fs::remove_dir_all(&run_dir);
+        let what = match (why.is_empty(), exit) {
+            (false, _) => format!("instance {why}"),
+            (true, Some(exit)) => format!("instance {exit} while starting"),
+            (true, None) => "instance exited while starting".to_string(),
+        };
+        return Err(explain(what, &tail));
+    }
+
+    let instance = Arc::new(Instance {
+        id,
+        revision: AtomicU64::new(0),
+        family,
+        socket: run_dir.join("sock").join("fn.sock"),
+        run_dir,
+        slot,
+        sink,
+        conns: Mutex::new(Vec::new()),
+        inflight: AtomicU32::new(0),
+        state: AtomicU8::new(STARTING),
+        killer,
+        last_used: Mutex::new(Instant::now()),
+        exit: exit_rx,
+    });
+    if let Err(e) = instance.readiness_check().await {
+        instance.kill();
+        instance.cleanup();
+        return Err(explain(
+            format!("instance failed its readiness check: {e}"),
+            &tail,
+        ));
+    }
+    instance.state.store(READY, Ordering::Release);
+    Ok(instance)
+}
+
+/// Memory limit of a generic instance until it is given a function.
+const GENERIC_MEMORY_MB: u32 = 256;
+
+/// Why a generic instance could not take a function.
+pub(crate) enum SpecialiseError {
+    /// The function's entrypoint could not be loaded (the user's problem).
+    Load(String),
+    /// Anything else; the caller falls back to a fresh instance.
+    Platform(String),
+}
+
+/// Where an instance's output goes: nowhere until a generic instance has a function.
+pub(crate) struct SinkSlot(Mutex<Option<LogSink>>);
+
+impl SinkSlot {
+    fn new(sink: Option<LogSink>) -> Self {
+        Self(Mutex::new(sink))
+    }
+
+    fn set(&self, sink: LogSink) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
+    fn line(&self, stream: &str, text: &str) {
+        let sink = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match sink {
+            Some(sink) => sink.line(stream, text),
+            None => tracing::debug!(stream, "generic instance: {}", text.trim_end()),
+        }
+    }
+}
+
+/// Mirrors the tree at `src` into the empty directory `dst` with hard links
+/// (symbolic links are recreated), so a function's files appear inside an
+/// already-running sandbox at the cost of a few metadata writes.
+fn link_tree(src: &std::path::Path, dst: &std::path::Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(src)? {
+        let entry = entry?;
+        let from = entry.path();
+        let to = dst.join(entry.file_name());
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            std::fs::create_dir(&to)?;
+            link_tree(&from, &to)?;
+        } else if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&from)?, &to)?;
+        } else {
+            std::fs::hard_link(&from, &to)?;
+        }
+    }
+    Ok(())
+}
+
 fn describe(e: CallError) -> String {
     match e {
         CallError::Timeout => "timed out".to_string(),
@@ -280,52 +499,80 @@ fn describe(e: CallError) -> String {
     }
 }
 
-fn prepare_run_dir(dir: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
+fn prepare_run_dir(
+    run_dir: &std::path::Path,
+    sock_dir: &std::path::Path,
+    slot: Option<&(PathBuf, PathBuf)>,
+    uid: u32,
+    gid: u32,
+) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    std::fs::create_dir_all(sock_dir)?;
+    std::fs::set_permissions(run_dir, std::fs::Permissions::from_mode(0o755))?;
+    if let Some((code, deps)) = slot {
+        for dir in [code, deps] {
+            std::fs::create_dir_all(dir)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+        }
+    }
+    std::fs::set_permissions(sock_dir, std::fs::Permissions::from_mode(0o700))?;
     // The shim creates its socket here as the sandbox user. Only root may chown;
     // an unprivileged server runs instances as itself and needs no change.
-    match std::os::unix::fs::chown(dir, Some(uid), Some(gid)) {
+    match std::os::unix::fs::chown(sock_dir, Some(uid), Some(gid)) {
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Ok(()),
         other => other,
     }
 }
 
-fn process_spec(
-    cfg: &ExecutorConfig,
-    d: &Deployment,
-    id: &str,
-    run_dir: &std::path::Path,
-) -> ProcessSpec {
-    let (program, shim) = match d.family {
-        RuntimeFamily::Nodejs => (cfg.node.clone(), "/runtime/node/sless_runtime.js"),
-        _ => (cfg.python.clone(), "/runtime/python/sless_runtime.py"),
-    };
+/// The function-specific environment of a cold-started instance (a generic
+/// instance gets the same through its load request).
+fn function_env(d: &Deployment) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> =
         d.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    let fixed = [
-        ("PATH", "/usr/local/bin:/usr/bin:/bin".to_string()),
-        ("HOME", "/tmp".to_string()),
-        ("LANG", "C.UTF-8".to_string()),
-        ("PYTHONUNBUFFERED", "1".to_string()),
-        ("PYTHONDONTWRITEBYTECODE", "1".to_string()),
-        ("NODE_PATH", "/deps/node_modules".to_string()),
-        ("SLESS_SOCKET", "/run/sless/fn.sock".to_string()),
-        ("SLESS_READY_FD", "3".to_string()),
+    for (k, v) in [
         ("SLESS_ENTRYPOINT", d.entrypoint.clone()),
         ("SLESS_CONCURRENCY", d.concurrency.to_string()),
         ("SLESS_NAMESPACE", d.namespace.clone()),
         ("SLESS_FUNCTION", d.name.clone()),
         ("SLESS_REVISION", d.revision.to_string()),
-    ];
-    for (k, v) in fixed {
+    ] {
         env.retain(|(key, _)| key != k);
         env.push((k.to_string(), v));
     }
+    env
+}
+
+/// The sandbox spec of an instance of `family` whose code is at `code` (and
+/// dependencies at `deps`); the function-specific environment is added by the caller.
+fn process_spec(
+    cfg: &ExecutorConfig,
+    family: RuntimeFamily,
+    id: &str,
+    sock_dir: &std::path::Path,
+    code: &std::path::Path,
+    deps: Option<&std::path::Path>,
+    memory_mb: u32,
+) -> ProcessSpec {
+    let (program, shim) = match family {
+        RuntimeFamily::Nodejs => (cfg.node.clone(), "/runtime/node/sless_runtime.js"),
+        _ => (cfg.python.clone(), "/runtime/python/sless_runtime.py"),
+    };
+    let env = [
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", "/tmp"),
+        ("LANG", "C.UTF-8"),
+        ("PYTHONUNBUFFERED", "1"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("NODE_PATH", "/deps/node_modules"),
+        ("SLESS_SOCKET", "/run/sless/fn.sock"),
+        ("SLESS_READY_FD", "3"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
     let mut mounts = vec![
         Mount {
-            source: d.code_dir.clone(),
+            source: code.to_path_buf(),
             target: "/code".into(),
             writable: false,
         },
@@ -335,14 +582,14 @@ fn process_spec(
             writable: false,
         },
         Mount {
-            source: run_dir.to_path_buf(),
+            source: sock_dir.to_path_buf(),
             target: "/run/sless".into(),
             writable: true,
         },
     ];
-    if let Some(deps) = &d.deps_dir {
+    if let Some(deps) = deps {
         mounts.push(Mount {
-            source: deps.clone(),
+            source: deps.to_path_buf(),
             target: "/deps".into(),
             writable: false,
         });
@@ -354,7 +601,7 @@ fn process_spec(
         env,
         mounts,
         cwd: "/code".into(),
-        memory_mb: d.memory_mb,
+        memory_mb,
         max_pids: cfg.max_pids,
         network: true,
         ready_pipe: true,
@@ -389,7 +636,7 @@ async fn wait_ready_line(ready: Option<tokio::net::unix::pipe::Receiver>) -> Res
 /// Copies an instance's output into its function's log, line by line.
 async fn pump<R: AsyncRead + Unpin>(
     out: R,
-    sink: LogSink,
+    sink: Arc<SinkSlot>,
     stream: &'static str,
     tail: Option<Arc<Mutex<VecDeque<String>>>>,
 ) {

@@ -12,6 +12,7 @@
 
 mod instance;
 mod pool;
+mod warm;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -25,6 +26,7 @@ use sless_logs::LogStore;
 use sless_sandbox::Sandbox;
 
 use crate::pool::Pool;
+use crate::warm::WarmPool;
 
 /// Where things are and how long to wait for them.
 #[derive(Debug, Clone)]
@@ -46,6 +48,8 @@ pub struct ExecutorConfig {
     /// uid/gid the sandboxed processes run as (the run directory is handed to them).
     pub sandbox_uid: u32,
     pub sandbox_gid: u32,
+    /// Generic instances kept pre-started per runtime family (0 disables the warm pool).
+    pub prewarm_per_runtime: usize,
 }
 
 /// One revision of a function, as the executor runs it.
@@ -130,6 +134,7 @@ pub struct Executor {
     logs: Arc<LogStore>,
     pools: RwLock<HashMap<(String, String), Arc<Pool>>>,
     next_instance: Arc<AtomicU64>,
+    warm: Option<Arc<WarmPool>>,
 }
 
 impl Executor {
@@ -138,13 +143,28 @@ impl Executor {
         sandbox: Arc<Sandbox>,
         logs: Arc<LogStore>,
     ) -> std::io::Result<Arc<Self>> {
+        // Instance directories of an earlier run are stale: their processes are gone.
+        if cfg.run_dir.exists() {
+            std::fs::remove_dir_all(&cfg.run_dir)?;
+        }
         std::fs::create_dir_all(&cfg.run_dir)?;
+        let cfg = Arc::new(cfg);
+        let next_instance = Arc::new(AtomicU64::new(1));
+        let warm = (cfg.prewarm_per_runtime > 0).then(|| {
+            WarmPool::new(
+                cfg.clone(),
+                sandbox.clone(),
+                next_instance.clone(),
+                cfg.prewarm_per_runtime,
+            )
+        });
         let executor = Arc::new(Self {
-            cfg: Arc::new(cfg),
+            cfg,
             sandbox,
             logs,
             pools: RwLock::new(HashMap::new()),
-            next_instance: Arc::new(AtomicU64::new(1)),
+            next_instance,
+            warm,
         });
         // The reaper holds only a weak reference, so dropping the executor ends it.
         let weak = Arc::downgrade(&executor);
@@ -196,6 +216,7 @@ impl Executor {
                         self.sandbox.clone(),
                         self.logs.sink(&deployment.namespace, &deployment.name),
                         self.next_instance.clone(),
+                        self.warm.clone(),
                         deployment.clone(),
                     )
                 })
@@ -251,8 +272,18 @@ impl Executor {
         pool.invoke(request).await
     }
 
+    /// Starts an instance of a function ahead of expected traffic, unless it has one.
+    pub fn prewarm(&self, namespace: &str, name: &str) {
+        if let Some(pool) = self.pool(namespace, name) {
+            pool.prewarm();
+        }
+    }
+
     /// Stops every instance, letting in-flight requests finish for up to `grace`.
     pub async fn shutdown(&self, grace: Duration) {
+        if let Some(warm) = &self.warm {
+            warm.close();
+        }
         let pools: Vec<_> = self
             .pools
             .write()

@@ -13,7 +13,8 @@ use sless_logs::LogSink;
 use sless_sandbox::Sandbox;
 use tokio::sync::Notify;
 
-use crate::instance::{CallError, DRAINING, Instance, READY, STOPPING};
+use crate::instance::{CallError, DRAINING, Instance, READY, STOPPING, SpecialiseError};
+use crate::warm::WarmPool;
 use crate::{DeployError, Deployment, ExecutorConfig, InvokeError, InvokeRequest, InvokeResponse};
 
 /// Longest wait between restarts of an instance that keeps failing.
@@ -24,6 +25,7 @@ pub(crate) struct Pool {
     sandbox: Arc<Sandbox>,
     sink: LogSink,
     counter: Arc<AtomicU64>,
+    warm: Option<Arc<WarmPool>>,
     state: Mutex<State>,
     notify: Notify,
     me: Weak<Pool>,
@@ -54,6 +56,7 @@ impl Pool {
         sandbox: Arc<Sandbox>,
         sink: LogSink,
         counter: Arc<AtomicU64>,
+        warm: Option<Arc<WarmPool>>,
         deployment: Deployment,
     ) -> Arc<Pool> {
         Arc::new_cyclic(|me| Pool {
@@ -61,6 +64,7 @@ impl Pool {
             sandbox,
             sink,
             counter,
+            warm,
             state: Mutex::new(State {
                 deployment: Arc::new(deployment),
                 activated: false,
@@ -102,6 +106,34 @@ impl Pool {
         self.lock().last_error.clone()
     }
 
+    /// A ready instance of `d`: a pre-started generic one given the function when
+    /// the warm pool has one, otherwise a freshly started one.
+    async fn obtain(&self, d: &Deployment, id: String) -> Result<Arc<Instance>, String> {
+        if let Some(generic) = self.warm.as_ref().and_then(|w| w.take(d.family)) {
+            match generic.specialise(d, &self.sink).await {
+                Ok(()) => return Ok(generic),
+                Err(SpecialiseError::Load(message)) => {
+                    generic.kill();
+                    return Err(message);
+                }
+                Err(SpecialiseError::Platform(why)) => {
+                    tracing::warn!(function = %d.name, "generic instance unusable ({why}); starting a fresh one");
+                    generic.kill();
+                }
+            }
+        }
+        Instance::start(&self.cfg, &self.sandbox, &self.sink, d, id).await
+    }
+
+    /// Starts an instance ahead of expected traffic (a cron trigger about to fire)
+    /// unless one is already running or starting.
+    pub fn prewarm(&self) {
+        let mut st = self.lock();
+        if !st.closed && !st.deployment.paused && st.instances.is_empty() && st.starting == 0 {
+            self.start_one(&mut st);
+        }
+    }
+
     pub async fn deploy(&self, d: Deployment) -> Result<(), DeployError> {
         let d = Arc::new(d);
         {
@@ -113,18 +145,21 @@ impl Pool {
             if same && st.activated {
                 return Ok(());
             }
-            // Paused or scale-to-zero revisions need no instance up front.
-            if d.paused || d.min_instances == 0 {
+            // A paused revision runs nothing.
+            if d.paused {
                 self.switch(&mut st, d.clone(), Vec::new());
                 return Ok(());
             }
         }
 
-        // Start the new revision's minimum before it takes traffic.
-        let starts = (0..d.min_instances).map(|_| {
+        // Start the new revision's minimum before it takes traffic, and at least one
+        // instance even at `min_instances: 0`: it proves the revision loads (a missing
+        // entrypoint fails the deploy, and the old revision keeps serving) and makes
+        // the first request warm. Above the minimum it idles out like any other.
+        let starts = (0..d.min_instances.max(1)).map(|_| {
             let id = self.next_id();
             let d = d.clone();
-            async move { Instance::start(&self.cfg, &self.sandbox, &self.sink, &d, id).await }
+            async move { self.obtain(&d, id).await }
         });
         let results = futures::future::join_all(starts).await;
         let mut fresh = Vec::new();
@@ -255,7 +290,7 @@ impl Pool {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            let result = Instance::start(&pool.cfg, &pool.sandbox, &pool.sink, &d, id).await;
+            let result = pool.obtain(&d, id).await;
             let mut st = pool.lock();
             st.starting -= 1;
             match result {
@@ -403,7 +438,7 @@ impl Pool {
                 ok,
                 body,
                 cold_start,
-                revision: instance.revision,
+                revision: instance.revision(),
             }),
             Err(CallError::Timeout) => {
                 // The handler may be stuck (a busy loop cannot be interrupted), so the

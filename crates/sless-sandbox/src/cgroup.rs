@@ -317,15 +317,21 @@ impl Cgroup for V1Cgroup {
         let Some(dir) = &self.memory else {
             return Ok(());
         };
-        write_file(&dir.join("memory.limit_in_bytes"), &bytes.to_string())?;
+        let limit = dir.join("memory.limit_in_bytes");
         // Without swap accounting (`swapaccount=0`) the memsw files do not exist and the
-        // memory limit alone applies. The memory limit goes first: the kernel refuses a
-        // memsw limit below it.
+        // memory limit alone applies. The kernel keeps memory <= memsw at every step, so
+        // lowering sets the memory limit first and raising sets memsw first.
         let memsw = dir.join("memory.memsw.limit_in_bytes");
-        if memsw.exists() {
-            write_file(&memsw, &bytes.to_string())?;
+        if !memsw.exists() {
+            return write_file(&limit, &bytes.to_string());
         }
-        Ok(())
+        match write_file(&limit, &bytes.to_string()) {
+            Ok(()) => write_file(&memsw, &bytes.to_string()),
+            Err(_) => {
+                write_file(&memsw, &bytes.to_string())?;
+                write_file(&limit, &bytes.to_string())
+            }
+        }
     }
 
     fn set_pids_limit(&self, max: u32) -> io::Result<()> {

@@ -69,6 +69,19 @@ struct KillTarget {
 }
 
 impl Killer {
+    /// Changes the memory limit of the running instance, e.g. when a pre-started
+    /// generic instance is given a function with its own `memory_mb`. `Ok(false)`
+    /// when there is no memory cgroup to change.
+    pub fn set_memory_mb(&self, mb: u32) -> std::io::Result<bool> {
+        match &self.target.cgroup {
+            Some(cgroup) if mb > 0 => {
+                cgroup.set_memory_limit(u64::from(mb) * 1024 * 1024)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// SIGKILLs every process of the instance. Idempotent, and harmless after the exit.
     ///
     /// With a cgroup, that is every process in it. Without one, bwrap itself: its namespace

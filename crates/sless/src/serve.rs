@@ -74,6 +74,10 @@ pub struct ServeArgs {
     /// Log budget per function, in KiB (older lines are dropped).
     #[arg(long, env = "SLESS_LOG_BUDGET_KB", default_value_t = 4096)]
     pub log_budget_kb: u64,
+    /// Generic instances kept pre-started per runtime, so cold starts skip the
+    /// sandbox and interpreter start-up (0 turns this off).
+    #[arg(long, env = "SLESS_PREWARM", default_value_t = 2)]
+    pub prewarm: usize,
     /// Unprivileged uid (and gid) that functions and builds run as.
     #[arg(long, env = "SLESS_SANDBOX_UID", default_value_t = 65534)]
     pub sandbox_uid: u32,
@@ -146,6 +150,8 @@ pub async fn run(args: ServeArgs) -> Result<()> {
                 timeout: Duration::from_secs(args.build_timeout_sec),
                 limits,
                 memory_mb: 1024,
+                // Every revision is proven by starting an instance of it (see the executor).
+                check_entrypoint: false,
             },
             sandbox.clone(),
         )
@@ -163,6 +169,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             max_pids: 256,
             sandbox_uid: args.sandbox_uid,
             sandbox_gid: args.sandbox_uid,
+            prewarm_per_runtime: args.prewarm,
         },
         sandbox.clone(),
         logs.clone(),
