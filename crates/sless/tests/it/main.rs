@@ -14,3 +14,4 @@ mod harness;
 mod invoke;
 mod lifecycle;
 mod sandbox;
+mod scaling;
