@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sless_core::{FunctionSpec, FunctionStatus, Phase};
 use sless_executor::{InvokeError, InvokeRequest};
+use sless_records::{Invocation, InvocationSource};
 use sless_store::{FunctionChange, FunctionRecord};
 
 use crate::{ApiError, AppState, Caller, JsonBody, read_limited};
@@ -196,6 +197,10 @@ pub async fn delete(
     caller.check(&ns)?;
     s.store.delete_function(&ns, &name).await?;
     s.controller.forget(&ns, &name);
+    // A function's triggers go with it (its jobs' records are kept).
+    for trigger in s.trigger_store.delete_function_triggers(&ns, &name).await? {
+        s.triggers.remove(&ns, &trigger);
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -385,6 +390,8 @@ pub async fn invoke(
     req: Request,
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
+    // Only functions: a job's private pool has a name that is not a DNS label.
+    sless_core::validate_name("name", &name).map_err(|_| ApiError::not_found("function", &name))?;
     let body = read_limited(req, s.max_invoke_body).await?;
     let event = if body.iter().all(u8::is_ascii_whitespace) {
         Bytes::from_static(b"null")
@@ -397,26 +404,50 @@ pub async fn invoke(
     let request = InvokeRequest {
         event,
         request_id: request_id.clone(),
-        source: "invoke",
+        source: InvocationSource::Invoke.as_str(),
     };
-    let mut response = match s.executor.invoke(&ns, &name, request).await {
+    let invocation = s
+        .recorder
+        .as_ref()
+        .map(|_| Invocation::start(&ns, &name, InvocationSource::Invoke, &request_id));
+    let result = s.executor.invoke(&ns, &name, request).await;
+    let mut response = match &result {
         Ok(r) => {
             let status = if r.ok {
                 StatusCode::OK
             } else {
                 StatusCode::INTERNAL_SERVER_ERROR
             };
-            (status, [(header::CONTENT_TYPE, "application/json")], r.body).into_response()
+            (
+                status,
+                [(header::CONTENT_TYPE, "application/json")],
+                r.body.clone(),
+            )
+                .into_response()
         }
         Err(InvokeError::NotFound) => {
+            // A function that exists but cannot serve yet is a failed invocation
+            // (recorded); one that does not exist is a 404 (not recorded).
             let record = s.store.get_function(&ns, &name).await?;
-            return Err(ApiError::Unavailable(format!(
+            let e = ApiError::Unavailable(format!(
                 "function {name} has no revision that can serve yet (phase {:?}: {})",
                 record.status.phase, record.status.message
-            )));
+            ));
+            if let (Some(recorder), Some(invocation)) = (&s.recorder, invocation) {
+                recorder.record(invocation.finish_with(
+                    0,
+                    StatusCode::SERVICE_UNAVAILABLE.as_u16(),
+                    false,
+                    Some(e.to_string()),
+                ));
+            }
+            return Err(e);
         }
-        Err(e) => sless_gateway::invoke_error_response(&e),
+        Err(e) => sless_gateway::invoke_error_response(e),
     };
+    if let (Some(recorder), Some(invocation)) = (&s.recorder, invocation) {
+        recorder.record(invocation.finish(result.as_ref(), response.status().as_u16()));
+    }
     if let Ok(v) = header::HeaderValue::from_str(&request_id) {
         response.headers_mut().insert("x-request-id", v);
     }

@@ -5,7 +5,10 @@
 mod auth;
 mod error;
 mod functions;
+mod invocations;
+mod jobs;
 mod namespaces;
+mod triggers;
 
 use std::sync::Arc;
 
@@ -18,9 +21,12 @@ use axum::routing::{get, post, put};
 use serde_json::Value;
 use sless_blob::{ArchiveLimits, BlobStore};
 use sless_controller::Controller;
+use sless_controller::jobs::Jobs;
+use sless_controller::triggers::Triggers;
 use sless_executor::Executor;
 use sless_logs::LogStore;
-use sless_store::Store;
+use sless_records::Recorder;
+use sless_store::{InvocationStore, JobStore, Store, TriggerStore};
 
 pub use auth::{Caller, Tokens, hash_token, new_token};
 pub use error::ApiError;
@@ -37,6 +43,18 @@ pub struct AppState {
     pub archive_limits: ArchiveLimits,
     /// Largest event accepted by `/invoke`.
     pub max_invoke_body: usize,
+    /// Where invocation records are listed from.
+    pub invocations: Arc<dyn InvocationStore>,
+    /// Where `/invoke` records invocations; `None` when recording is off.
+    pub recorder: Option<Arc<Recorder>>,
+    pub trigger_store: Arc<dyn TriggerStore>,
+    pub job_store: Arc<dyn JobStore>,
+    /// The running triggers (gateway routes, cron scheduler).
+    pub triggers: Arc<Triggers>,
+    pub jobs: Arc<Jobs>,
+    /// Serialise read-merge-write patches so concurrent ones never lose edits.
+    pub trigger_patch_lock: Arc<tokio::sync::Mutex<()>>,
+    pub job_patch_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Largest JSON document accepted by the object endpoints.
@@ -45,7 +63,9 @@ const MAX_JSON: usize = 1 << 20;
 /// The `/v1` API plus health endpoints.
 pub fn router(state: AppState) -> Router {
     use functions as f;
+    use jobs as j;
     use namespaces as n;
+    use triggers as t;
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -77,6 +97,18 @@ pub fn router(state: AppState) -> Router {
             "/v1/namespaces/{ns}/functions/{name}/invoke",
             post(f::invoke),
         )
+        .route("/v1/namespaces/{ns}/invocations", get(invocations::list))
+        .route("/v1/namespaces/{ns}/triggers", get(t::list).post(t::create))
+        .route(
+            "/v1/namespaces/{ns}/triggers/{name}",
+            get(t::get).patch(t::patch).delete(t::delete),
+        )
+        .route("/v1/namespaces/{ns}/jobs", get(j::list).post(j::create))
+        .route(
+            "/v1/namespaces/{ns}/jobs/{name}",
+            get(j::get).patch(j::patch).delete(j::delete),
+        )
+        .route("/v1/namespaces/{ns}/jobs/{name}/code", put(j::upload_code))
         .fallback(fallback)
         .with_state(state)
 }

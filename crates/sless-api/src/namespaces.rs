@@ -85,7 +85,15 @@ pub async fn delete(
     Query(q): Query<DeleteQuery>,
 ) -> Result<StatusCode, ApiError> {
     caller.check(&ns)?;
+    let triggers = s.trigger_store.list_triggers(Some(&ns)).await?;
+    let jobs = s.job_store.list_jobs(Some(&ns)).await?;
     let removed = s.store.delete_namespace(&ns, q.force).await?;
+    for t in triggers {
+        s.triggers.remove(&ns, &t.name);
+    }
+    for j in jobs {
+        s.jobs.stop(&ns, &j.name);
+    }
     for f in removed {
         s.controller.forget(&f.namespace, &f.name);
     }

@@ -62,6 +62,23 @@ pub enum ClientError {
         /// The phase seen at the last poll.
         last_phase: String,
     },
+    /// [`crate::Client::wait_job`] ran out of time before the run reached a terminal phase.
+    #[error(
+        "job {namespace}/{name} run {run_id} did not finish within {}s (last phase: {last_phase})",
+        waited.as_secs()
+    )]
+    JobWaitTimeout {
+        /// Namespace of the job waited for.
+        namespace: String,
+        /// Name of the job waited for.
+        name: String,
+        /// The run waited for.
+        run_id: u64,
+        /// How long the client waited.
+        waited: Duration,
+        /// The phase seen at the last poll.
+        last_phase: String,
+    },
 }
 
 impl ClientError {

@@ -18,7 +18,8 @@ use serde_json::{Value, json};
 pub use error::ClientError;
 pub use reqwest::header::HeaderMap;
 pub use types::{
-    Function, FunctionStatus, InstanceCounts, InvokeResponse, Namespace, UploadResponse,
+    Function, FunctionStatus, InstanceCounts, Invocation, InvocationQuery, InvokeResponse, Job,
+    JobStatus, Namespace, Trigger, TriggerStatus, UploadResponse,
 };
 
 use types::Items;
@@ -28,6 +29,10 @@ pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 
 /// How often [`Client::wait_ready`] polls the function's status.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The longest `?wait=` one [`Client::wait_job`] request asks the server to block for; short
+/// enough that proxies with idle timeouts in between do not cut the request off.
+const JOB_WAIT_SECS: u64 = 30;
 
 /// A connection to one sless server with one (optional) bearer token.
 ///
@@ -151,21 +156,17 @@ impl Client {
 
     /// `PATCH /v1/namespaces/{ns}/functions/{name}` with a JSON merge patch of spec fields.
     pub async fn patch_function(&self, ns: &str, name: &str, patch: &Value) -> Result<Function> {
-        let url = self.url(&["v1", "namespaces", ns, "functions", name]);
-        let req = self
-            .http
-            .patch(url.clone())
-            .header(header::CONTENT_TYPE, "application/merge-patch+json")
-            .body(patch.to_string());
-        let resp = self.send(req, &url).await?;
-        decode(resp, &url).await
+        self.merge_patch(
+            self.url(&["v1", "namespaces", ns, "functions", name]),
+            patch,
+        )
+        .await
     }
 
     /// `DELETE /v1/namespaces/{ns}/functions/{name}`.
     pub async fn delete_function(&self, ns: &str, name: &str) -> Result<()> {
-        let url = self.url(&["v1", "namespaces", ns, "functions", name]);
-        self.send(self.http.delete(url.clone()), &url).await?;
-        Ok(())
+        self.delete(self.url(&["v1", "namespaces", ns, "functions", name]))
+            .await
     }
 
     /// `PUT /v1/namespaces/{ns}/functions/{name}/code` with a zip archive.
@@ -239,6 +240,153 @@ impl Client {
         Ok(created.token)
     }
 
+    /// `POST /v1/namespaces/{ns}/triggers` with `body` (`name`, `function`, `type` and the
+    /// type's fields).
+    pub async fn create_trigger(&self, ns: &str, body: &Value) -> Result<Trigger> {
+        self.post_json(self.url(&["v1", "namespaces", ns, "triggers"]), body)
+            .await
+    }
+
+    /// `GET /v1/namespaces/{ns}/triggers`.
+    pub async fn list_triggers(&self, ns: &str) -> Result<Vec<Trigger>> {
+        let items: Items<Trigger> = self
+            .get_json(self.url(&["v1", "namespaces", ns, "triggers"]))
+            .await?;
+        Ok(items.items)
+    }
+
+    /// `GET /v1/namespaces/{ns}/triggers/{name}`.
+    pub async fn get_trigger(&self, ns: &str, name: &str) -> Result<Trigger> {
+        self.get_json(self.url(&["v1", "namespaces", ns, "triggers", name]))
+            .await
+    }
+
+    /// `PATCH /v1/namespaces/{ns}/triggers/{name}` with a JSON merge patch, e.g.
+    /// `{"enabled": false}`.
+    pub async fn patch_trigger(&self, ns: &str, name: &str, patch: &Value) -> Result<Trigger> {
+        self.merge_patch(self.url(&["v1", "namespaces", ns, "triggers", name]), patch)
+            .await
+    }
+
+    /// `DELETE /v1/namespaces/{ns}/triggers/{name}`.
+    pub async fn delete_trigger(&self, ns: &str, name: &str) -> Result<()> {
+        self.delete(self.url(&["v1", "namespaces", ns, "triggers", name]))
+            .await
+    }
+
+    /// `POST /v1/namespaces/{ns}/jobs` with `body`: `name` and either `function` or
+    /// `runtime` (self-contained, code uploaded with [`Client::upload_job_code`]), plus
+    /// `event`, `run_id`, `timeout_sec`, `max_attempts`.
+    pub async fn create_job(&self, ns: &str, body: &Value) -> Result<Job> {
+        self.post_json(self.url(&["v1", "namespaces", ns, "jobs"]), body)
+            .await
+    }
+
+    /// `GET /v1/namespaces/{ns}/jobs`.
+    pub async fn list_jobs(&self, ns: &str) -> Result<Vec<Job>> {
+        let items: Items<Job> = self
+            .get_json(self.url(&["v1", "namespaces", ns, "jobs"]))
+            .await?;
+        Ok(items.items)
+    }
+
+    /// `GET /v1/namespaces/{ns}/jobs/{name}`; with `wait: Some(n)` the server holds the answer
+    /// up to `n` seconds until the current run reaches a terminal phase.
+    pub async fn get_job(&self, ns: &str, name: &str, wait: Option<u64>) -> Result<Job> {
+        let mut url = self.url(&["v1", "namespaces", ns, "jobs", name]);
+        if let Some(wait) = wait {
+            url.query_pairs_mut().append_pair("wait", &wait.to_string());
+        }
+        self.get_json(url).await
+    }
+
+    /// `PATCH /v1/namespaces/{ns}/jobs/{name}` with a JSON merge patch; raising `run_id`
+    /// runs the job again.
+    pub async fn patch_job(&self, ns: &str, name: &str, patch: &Value) -> Result<Job> {
+        self.merge_patch(self.url(&["v1", "namespaces", ns, "jobs", name]), patch)
+            .await
+    }
+
+    /// `DELETE /v1/namespaces/{ns}/jobs/{name}`.
+    pub async fn delete_job(&self, ns: &str, name: &str) -> Result<()> {
+        self.delete(self.url(&["v1", "namespaces", ns, "jobs", name]))
+            .await
+    }
+
+    /// `PUT /v1/namespaces/{ns}/jobs/{name}/code` with a zip archive, for a self-contained
+    /// job. Returns the server's answer as JSON (`Value::Null` when it has no body).
+    pub async fn upload_job_code(&self, ns: &str, name: &str, zip: Vec<u8>) -> Result<Value> {
+        let url = self.url(&["v1", "namespaces", ns, "jobs", name, "code"]);
+        let req = self
+            .http
+            .put(url.clone())
+            .header(header::CONTENT_TYPE, "application/zip")
+            .body(zip);
+        let resp = self.send(req, &url).await?;
+        decode_or_null(resp, &url).await
+    }
+
+    /// `GET /v1/namespaces/{ns}/invocations` with the filters in `query`, newest first.
+    pub async fn list_invocations(
+        &self,
+        ns: &str,
+        query: &InvocationQuery,
+    ) -> Result<Vec<Invocation>> {
+        let mut url = self.url(&["v1", "namespaces", ns, "invocations"]);
+        let pairs = query.pairs();
+        if !pairs.is_empty() {
+            url.query_pairs_mut().extend_pairs(pairs);
+        }
+        let items: Items<Invocation> = self.get_json(url).await?;
+        Ok(items.items)
+    }
+
+    /// Waits until the job's run `run_id` (or a later one) reaches a terminal phase, with
+    /// long polls of `GET ...?wait=30`, calling `on_progress` with every answer. A `Failed`
+    /// or `Skipped` run is returned as `Ok`: the caller decides what it means. `timeout:
+    /// None` waits as long as the run takes.
+    pub async fn wait_job(
+        &self,
+        ns: &str,
+        name: &str,
+        run_id: u64,
+        timeout: Option<Duration>,
+        mut on_progress: impl FnMut(&Job),
+    ) -> Result<Job> {
+        let start = tokio::time::Instant::now();
+        loop {
+            let remaining = timeout.map(|t| t.saturating_sub(start.elapsed()));
+            // Whole seconds, at least one, so the last request does not outlast the timeout
+            // by more than a second.
+            let wait = remaining.map_or(JOB_WAIT_SECS, |r| {
+                r.as_secs_f64().ceil().clamp(1.0, JOB_WAIT_SECS as f64) as u64
+            });
+            let job = self.get_job(ns, name, Some(wait)).await?;
+            on_progress(&job);
+            let current = job.status.run_id >= run_id;
+            if current && job.status.is_terminal() {
+                return Ok(job);
+            }
+            let waited = start.elapsed();
+            if let Some(timeout) = timeout
+                && waited >= timeout
+            {
+                return Err(ClientError::JobWaitTimeout {
+                    namespace: ns.to_string(),
+                    name: name.to_string(),
+                    run_id,
+                    waited,
+                    last_phase: job.status.phase,
+                });
+            }
+            // The server answers at once when the run it sees is already over; if that is an
+            // earlier run (ours not started yet), pause instead of spinning.
+            if !current && job.status.is_terminal() {
+                tokio::time::sleep(POLL_INTERVAL).await;
+            }
+        }
+    }
+
     /// Polls the function every ~100 ms until `status.revision >= revision` and the phase is
     /// `Ready` or `Failed`, calling `on_progress` with every observation. A `Failed` function
     /// is returned as `Ok`: the caller decides what failure means.
@@ -273,7 +421,7 @@ impl Client {
 
     /// Sends `method path` (relative to the base URL, e.g. `/v1/namespaces/x/triggers`) with an
     /// optional JSON body and returns the decoded answer, `Value::Null` for an empty one.
-    /// For endpoints without a typed method (triggers, jobs, invocations).
+    /// For endpoints without a typed method.
     pub async fn request_json(
         &self,
         method: Method,
@@ -291,14 +439,7 @@ impl Client {
             req = req.json(body);
         }
         let resp = self.send(req, &url).await?;
-        let bytes = resp.bytes().await.map_err(|e| http_error(&url, e))?;
-        if bytes.is_empty() {
-            return Ok(Value::Null);
-        }
-        serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
-            url: url.to_string(),
-            source,
-        })
+        decode_or_null(resp, &url).await
     }
 
     /// The base URL with `segments` appended, each percent-encoded as one path segment.
@@ -351,6 +492,30 @@ impl Client {
         Err(ClientError::from_response(status, &body))
     }
 
+    async fn post_json<T: DeserializeOwned>(&self, url: Url, body: &Value) -> Result<T> {
+        let resp = self
+            .send(self.http.post(url.clone()).json(body), &url)
+            .await?;
+        decode(resp, &url).await
+    }
+
+    /// Sends `patch` as `application/merge-patch+json`, the media type that says how the
+    /// server must read it.
+    async fn merge_patch<T: DeserializeOwned>(&self, url: Url, patch: &Value) -> Result<T> {
+        let req = self
+            .http
+            .patch(url.clone())
+            .header(header::CONTENT_TYPE, "application/merge-patch+json")
+            .body(patch.to_string());
+        let resp = self.send(req, &url).await?;
+        decode(resp, &url).await
+    }
+
+    async fn delete(&self, url: Url) -> Result<()> {
+        self.send(self.http.delete(url.clone()), &url).await?;
+        Ok(())
+    }
+
     async fn get_json<T: DeserializeOwned>(&self, url: Url) -> Result<T> {
         let resp = self.send(self.http.get(url.clone()), &url).await?;
         decode(resp, &url).await
@@ -359,6 +524,18 @@ impl Client {
 
 async fn decode<T: DeserializeOwned>(resp: Response, url: &Url) -> Result<T> {
     let bytes = resp.bytes().await.map_err(|e| http_error(url, e))?;
+    serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
+        url: url.to_string(),
+        source,
+    })
+}
+
+/// Decodes a JSON body, or `Value::Null` when there is none.
+async fn decode_or_null(resp: Response, url: &Url) -> Result<Value> {
+    let bytes = resp.bytes().await.map_err(|e| http_error(url, e))?;
+    if bytes.is_empty() {
+        return Ok(Value::Null);
+    }
     serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
         url: url.to_string(),
         source,

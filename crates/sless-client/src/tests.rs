@@ -18,6 +18,7 @@ use super::*;
 #[derive(Clone, Default)]
 struct TestState {
     polls: Arc<AtomicU32>,
+    job_polls: Arc<AtomicU32>,
 }
 
 fn api_error(status: StatusCode, code: &str, message: &str) -> AxResponse {
@@ -213,6 +214,183 @@ async fn create_token(axum::Json(body): axum::Json<Value>) -> AxResponse {
         .into_response()
 }
 
+fn content_type(headers: &AxHeaders) -> &str {
+    headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+fn trigger_json(ns: &str, name: &str, enabled: bool) -> Value {
+    json!({
+        "name": name, "namespace": ns, "function": "hello", "type": "http", "enabled": enabled,
+        "path": "/orders", "methods": ["GET", "POST"],
+        "status": {"last_fired_at": null, "next_fire_at": null, "last_result": null},
+        "created_at": "2025-01-01T00:00:00Z", "updated_at": "2025-01-01T00:00:00Z"
+    })
+}
+
+async fn create_trigger(Path(ns): Path<String>, axum::Json(body): axum::Json<Value>) -> AxResponse {
+    if body["function"] == "missing" {
+        return api_error(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            "function default/missing does not exist",
+        );
+    }
+    let mut t = body.clone();
+    t["namespace"] = json!(ns);
+    t["status"] = json!({"next_fire_at": "2025-01-01T00:05:00Z"});
+    (StatusCode::CREATED, axum::Json(t)).into_response()
+}
+
+async fn list_triggers(Path(ns): Path<String>) -> axum::Json<Value> {
+    axum::Json(json!({"items": [trigger_json(&ns, "orders", true)]}))
+}
+
+async fn get_trigger(Path((ns, name)): Path<(String, String)>) -> AxResponse {
+    if name == "missing" {
+        return api_error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "trigger default/missing not found",
+        );
+    }
+    axum::Json(trigger_json(&ns, &name, true)).into_response()
+}
+
+async fn patch_trigger(
+    Path((ns, name)): Path<(String, String)>,
+    headers: AxHeaders,
+    body: AxBytes,
+) -> AxResponse {
+    if content_type(&headers) != "application/merge-patch+json" {
+        return api_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "",
+        );
+    }
+    let patch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let enabled = patch["enabled"].as_bool().unwrap_or(true);
+    axum::Json(trigger_json(&ns, &name, enabled)).into_response()
+}
+
+async fn delete_named(Path((_ns, name)): Path<(String, String)>) -> AxResponse {
+    if name == "missing" {
+        return api_error(StatusCode::NOT_FOUND, "not_found", "not found");
+    }
+    StatusCode::NO_CONTENT.into_response()
+}
+
+fn job_json(ns: &str, name: &str, spec: Value, status: Value) -> Value {
+    json!({"name": name, "namespace": ns, "spec": spec, "status": status,
+           "created_at": "2025-01-01T00:00:00Z", "updated_at": "2025-01-01T00:00:00Z"})
+}
+
+async fn create_job(Path(ns): Path<String>, axum::Json(mut body): axum::Json<Value>) -> AxResponse {
+    let name = body["name"].as_str().unwrap_or("").to_string();
+    if name == "dup" {
+        return api_error(
+            StatusCode::CONFLICT,
+            "already_exists",
+            "job default/dup already exists",
+        );
+    }
+    if let Some(spec) = body.as_object_mut() {
+        spec.remove("name");
+    }
+    let job = job_json(&ns, &name, body, json!({"phase": "Pending", "run_id": 1}));
+    (StatusCode::CREATED, axum::Json(job)).into_response()
+}
+
+async fn list_jobs(Path(ns): Path<String>) -> axum::Json<Value> {
+    axum::Json(json!({"items": [
+        job_json(&ns, "once", json!({"function": "hello"}), json!({"phase": "Succeeded", "run_id": 1})),
+        job_json(&ns, "batch", json!({"runtime": "python3"}), json!({"phase": "Building", "run_id": 1})),
+    ]}))
+}
+
+async fn get_job(
+    State(state): State<TestState>,
+    Path((ns, name)): Path<(String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+) -> AxResponse {
+    // The `wait` the client asked for is echoed in `message` so tests can see it.
+    let wait = q.get("wait").cloned().unwrap_or_default();
+    let status = match name.as_str() {
+        "missing" => {
+            return api_error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "job default/missing not found",
+            );
+        }
+        "rerun" => {
+            // Run 1 is over; run 2 is asked for and runs, then succeeds.
+            match state.job_polls.fetch_add(1, Ordering::SeqCst) {
+                0 => json!({"phase": "Succeeded", "run_id": 1, "result": "old"}),
+                1 => json!({"phase": "Running", "run_id": 2, "attempts": 1}),
+                _ => json!({"phase": "Succeeded", "run_id": 2, "result": {"n": 2}, "attempts": 1}),
+            }
+        }
+        "stuck" => json!({"phase": "Running", "run_id": 5}),
+        _ => json!({"phase": "Succeeded", "run_id": 1}),
+    };
+    let mut status = status;
+    status["message"] = json!(format!("wait={wait}"));
+    axum::Json(job_json(&ns, &name, json!({"function": "hello"}), status)).into_response()
+}
+
+async fn patch_job(
+    Path((ns, name)): Path<(String, String)>,
+    headers: AxHeaders,
+    body: AxBytes,
+) -> AxResponse {
+    if content_type(&headers) != "application/merge-patch+json" {
+        return api_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "",
+        );
+    }
+    let patch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let run_id = patch["run_id"].clone();
+    axum::Json(job_json(
+        &ns,
+        &name,
+        patch,
+        json!({"phase": "Pending", "run_id": run_id}),
+    ))
+    .into_response()
+}
+
+async fn upload_job_code(headers: AxHeaders, body: AxBytes) -> AxResponse {
+    if content_type(&headers) != "application/zip" {
+        return api_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send a zip",
+        );
+    }
+    (
+        StatusCode::ACCEPTED,
+        axum::Json(json!({"code_sha256": format!("len-{}", body.len())})),
+    )
+        .into_response()
+}
+
+async fn list_invocations(Query(q): Query<HashMap<String, String>>) -> axum::Json<Value> {
+    // The query the client sent comes back in `error`, sorted, so tests can check it.
+    let mut pairs: Vec<_> = q.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.sort();
+    axum::Json(json!({"items": [{
+        "id": "01J0", "function": "hello", "revision": 2, "source": "http",
+        "request_id": "req-1", "started_at": "2025-01-01T00:00:00.123Z", "duration_ms": 12,
+        "status": 200, "cold_start": true, "error": pairs.join("&")
+    }, {"id": "01J1", "function": "hello", "status": 500}]}))
+}
+
 async fn garbage() -> &'static str {
     "this is not json"
 }
@@ -237,6 +415,21 @@ async fn serve() -> String {
         .route("/v1/namespaces/{ns}/functions/{name}/code", put(upload))
         .route("/v1/namespaces/{ns}/functions/{name}/invoke", post(invoke))
         .route("/v1/namespaces/{ns}/functions/{name}/logs", get(logs))
+        .route(
+            "/v1/namespaces/{ns}/triggers",
+            get(list_triggers).post(create_trigger),
+        )
+        .route(
+            "/v1/namespaces/{ns}/triggers/{name}",
+            get(get_trigger).patch(patch_trigger).delete(delete_named),
+        )
+        .route("/v1/namespaces/{ns}/jobs", get(list_jobs).post(create_job))
+        .route(
+            "/v1/namespaces/{ns}/jobs/{name}",
+            get(get_job).patch(patch_job).delete(delete_named),
+        )
+        .route("/v1/namespaces/{ns}/jobs/{name}/code", put(upload_job_code))
+        .route("/v1/namespaces/{ns}/invocations", get(list_invocations))
         .route("/v1/tokens", post(create_token))
         .with_state(TestState::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -528,4 +721,222 @@ async fn wait_ready_times_out() {
         }
         other => panic!("expected a timeout, got {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn trigger_crud() {
+    let c = client(None).await;
+    let created = c
+        .create_trigger(
+            "default",
+            &json!({"name": "nightly", "function": "hello", "type": "cron", "schedule": "0 3 * * *"}),
+        )
+        .await
+        .expect("create");
+    assert_eq!(
+        (
+            created.name.as_str(),
+            created.kind.as_str(),
+            created.namespace.as_str()
+        ),
+        ("nightly", "cron", "default")
+    );
+    assert_eq!(created.schedule.as_deref(), Some("0 3 * * *"));
+    assert_eq!(
+        created.status.next_fire_at.as_deref(),
+        Some("2025-01-01T00:05:00Z")
+    );
+    assert!(
+        created.enabled,
+        "absent enabled reads as the API default, true"
+    );
+
+    let err = c
+        .create_trigger(
+            "default",
+            &json!({"name": "x", "function": "missing", "type": "http"}),
+        )
+        .await
+        .expect_err("400");
+    assert_eq!(err.status(), Some(400));
+
+    let listed = c.list_triggers("default").await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].methods, ["GET", "POST"]);
+    assert_eq!(listed[0].path.as_deref(), Some("/orders"));
+
+    assert_eq!(
+        c.get_trigger("default", "orders").await.expect("get").name,
+        "orders"
+    );
+    assert_eq!(
+        c.get_trigger("default", "missing")
+            .await
+            .expect_err("404")
+            .status(),
+        Some(404)
+    );
+
+    let disabled = c
+        .patch_trigger("default", "orders", &json!({"enabled": false}))
+        .await
+        .expect("patch");
+    assert!(!disabled.enabled);
+
+    c.delete_trigger("default", "orders").await.expect("delete");
+    assert_eq!(
+        c.delete_trigger("default", "missing")
+            .await
+            .expect_err("404")
+            .status(),
+        Some(404)
+    );
+}
+
+#[tokio::test]
+async fn job_crud() {
+    let c = client(None).await;
+    let created = c
+        .create_job(
+            "default",
+            &json!({"name": "once", "function": "hello", "event": {"a": 1}}),
+        )
+        .await
+        .expect("create");
+    assert_eq!(created.function(), Some("hello"));
+    assert_eq!(created.spec["event"], json!({"a": 1}));
+    assert_eq!(
+        (created.status.phase.as_str(), created.status.run_id),
+        ("Pending", 1)
+    );
+
+    let err = c
+        .create_job("default", &json!({"name": "dup", "function": "hello"}))
+        .await
+        .expect_err("409");
+    assert_eq!(err.status(), Some(409));
+
+    let listed = c.list_jobs("default").await.expect("list");
+    assert_eq!(
+        listed
+            .iter()
+            .map(|j| (j.name.as_str(), j.runtime()))
+            .collect::<Vec<_>>(),
+        [("once", None), ("batch", Some("python3"))]
+    );
+
+    let job = c.get_job("default", "once", None).await.expect("get");
+    assert_eq!(
+        job.status.message, "wait=",
+        "no wait parameter without a wait"
+    );
+    let job = c.get_job("default", "once", Some(7)).await.expect("get");
+    assert_eq!(job.status.message, "wait=7");
+    assert_eq!(
+        c.get_job("default", "missing", None)
+            .await
+            .expect_err("404")
+            .status(),
+        Some(404)
+    );
+
+    let patched = c
+        .patch_job("default", "once", &json!({"run_id": 2}))
+        .await
+        .expect("patch");
+    assert_eq!(patched.spec_run_id(), 2);
+    assert_eq!(
+        (patched.status.phase.as_str(), patched.status.run_id),
+        ("Pending", 2)
+    );
+
+    let uploaded = c
+        .upload_job_code("default", "batch", b"PK\x05\x06".to_vec())
+        .await
+        .expect("upload");
+    assert_eq!(uploaded["code_sha256"], "len-4");
+
+    c.delete_job("default", "once").await.expect("delete");
+    assert_eq!(
+        c.delete_job("default", "missing")
+            .await
+            .expect_err("404")
+            .status(),
+        Some(404)
+    );
+}
+
+#[tokio::test]
+async fn wait_job_skips_earlier_runs() {
+    let c = client(None).await;
+    let mut seen = Vec::new();
+    let job = c
+        .wait_job("default", "rerun", 2, None, |j| {
+            seen.push((j.status.phase.clone(), j.status.run_id));
+        })
+        .await
+        .expect("finished");
+    assert_eq!(job.status.result, Some(json!({"n": 2})));
+    assert_eq!(job.status.message, "wait=30", "long polls of 30 s");
+    // Succeeded for run 1 does not count: the caller asked for run 2.
+    assert_eq!(
+        seen,
+        [
+            ("Succeeded".to_string(), 1),
+            ("Running".to_string(), 2),
+            ("Succeeded".to_string(), 2)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn wait_job_times_out() {
+    let c = client(None).await;
+    let err = c
+        .wait_job(
+            "default",
+            "stuck",
+            5,
+            Some(Duration::from_millis(10)),
+            |j| {
+                // A short timeout asks the server to hold the answer for a second only.
+                assert_eq!(j.status.message, "wait=1");
+            },
+        )
+        .await
+        .expect_err("timeout");
+    match err {
+        ClientError::JobWaitTimeout {
+            run_id, last_phase, ..
+        } => assert_eq!((run_id, last_phase.as_str()), (5, "Running")),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn lists_invocations_with_filters() {
+    let c = client(None).await;
+    let all = c
+        .list_invocations("default", &InvocationQuery::default())
+        .await
+        .expect("list");
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].error.as_deref(), Some(""), "no filters sent");
+    assert!(all[0].cold_start);
+    assert_eq!((all[0].duration_ms, all[0].revision), (12, 2));
+    // The second record omits most fields and still decodes.
+    assert_eq!((all[1].status, all[1].error.as_deref()), (500, None));
+
+    let query = InvocationQuery {
+        function: Some("hello".into()),
+        status: Some(500),
+        source: Some("cron".into()),
+        since: Some("2025-01-01T00:00:00+00:00".into()),
+        limit: Some(10),
+    };
+    let filtered = c.list_invocations("default", &query).await.expect("list");
+    assert_eq!(
+        filtered[0].error.as_deref(),
+        Some("function=hello&limit=10&since=2025-01-01T00:00:00+00:00&source=cron&status=500")
+    );
 }

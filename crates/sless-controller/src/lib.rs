@@ -8,6 +8,9 @@
 //! Reconciles of one function are serialised; of different functions they run
 //! in parallel (builds are bounded by the builder).
 
+pub mod jobs;
+pub mod triggers;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

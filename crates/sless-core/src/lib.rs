@@ -4,13 +4,17 @@
 //! rules of the API contract are stated (and tested) once.
 
 pub mod function;
+pub mod job;
 pub mod name;
 pub mod patch;
 pub mod runtime;
+pub mod trigger;
 
 pub use function::{FunctionSpec, FunctionStatus, InstanceCounts, Phase};
+pub use job::{JobPhase, JobSpec, JobStatus};
 pub use name::validate_name;
 pub use runtime::{Runtime, RuntimeFamily};
+pub use trigger::{TriggerKind, TriggerSpec, TriggerStatus};
 
 /// A validation failure: which field is wrong and why, in words a user can act on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -230,6 +230,11 @@ impl Executor {
         self.pool(namespace, name).is_some()
     }
 
+    /// The revision a function currently runs, as deployed.
+    pub fn deployment(&self, namespace: &str, name: &str) -> Option<Deployment> {
+        self.pool(namespace, name).map(|p| p.deployment())
+    }
+
     /// Whether a deployed function is private (`None`: not deployed).
     pub fn is_private(&self, namespace: &str, name: &str) -> Option<bool> {
         self.pool(namespace, name).map(|p| p.is_private())

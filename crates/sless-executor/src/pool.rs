@@ -98,6 +98,10 @@ impl Pool {
         }
     }
 
+    pub fn deployment(&self) -> Deployment {
+        (*self.lock().deployment).clone()
+    }
+
     pub fn is_private(&self) -> bool {
         self.lock().deployment.private
     }

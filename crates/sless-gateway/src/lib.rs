@@ -3,11 +3,13 @@
 //! value back to an HTTP response, following the contract's handler conventions.
 //!
 //! Invariant: nothing here touches the metadata store. Private functions are
-//! checked through the [`Authorizer`] seam, which caches.
+//! checked through the [`Authorizer`] seam, which caches; invocation records go
+//! to the [`Recorder`], which never waits.
 
 mod body;
 mod event;
 mod response;
+mod routes;
 
 use std::sync::Arc;
 
@@ -19,9 +21,11 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use sless_executor::{Executor, InvokeError, InvokeRequest};
+use sless_records::{Invocation, InvocationSource, Recorder};
 
 pub use body::{BodyError, read_body};
 pub use response::{error_response, invoke_error_response, result_response};
+pub use routes::{HttpRoute, HttpRoutes};
 
 /// Decides whether a bearer token may call a private function of a namespace.
 #[async_trait]
@@ -36,6 +40,10 @@ pub struct Gateway {
     pub authorizer: Arc<dyn Authorizer>,
     /// Largest request body accepted, in bytes (default 6 MiB).
     pub max_body: usize,
+    /// HTTP triggers' routes under `/t/`.
+    pub routes: Arc<HttpRoutes>,
+    /// Where invocation records go; `None` when recording is off.
+    pub recorder: Option<Arc<Recorder>>,
 }
 
 /// The routes `/fn/{ns}/{name}` and `/fn/{ns}/{name}/{*path}`.
@@ -44,6 +52,9 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/fn/{ns}/{name}", any(invoke_root))
         .route("/fn/{ns}/{name}/", any(invoke_root))
         .route("/fn/{ns}/{name}/{*path}", any(invoke_path))
+        .route("/t/{ns}", any(trigger_root))
+        .route("/t/{ns}/", any(trigger_root))
+        .route("/t/{ns}/{*path}", any(trigger_path))
         .with_state(gateway)
 }
 
@@ -63,6 +74,55 @@ async fn invoke_path(
     handle(gw, ns, name, format!("/{path}"), req).await
 }
 
+async fn trigger_root(State(gw): State<Gateway>, Path(ns): Path<String>, req: Request) -> Response {
+    trigger(gw, ns, "/".to_string(), req).await
+}
+
+async fn trigger_path(
+    State(gw): State<Gateway>,
+    Path((ns, path)): Path<(String, String)>,
+    req: Request,
+) -> Response {
+    trigger(gw, ns, format!("/{path}"), req).await
+}
+
+/// `/t/{ns}/{path}`: the HTTP trigger owning the path sends the request to its
+/// function; the event's `path` is the whole path below `/t/{ns}`.
+async fn trigger(gw: Gateway, ns: String, path: String, req: Request) -> Response {
+    let method = if req.method() == Method::HEAD {
+        "GET"
+    } else {
+        req.method().as_str()
+    };
+    let route = match gw.routes.resolve(&ns, &path, method) {
+        routes::RouteMatch::Found(route) => route,
+        routes::RouteMatch::NotFound => {
+            return error_response(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                &format!("no trigger serves /t/{ns}{path}"),
+            );
+        }
+        routes::RouteMatch::MethodNotAllowed(allowed) => {
+            let mut r = error_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                &format!("/t/{ns}{path} accepts {}", allowed.join(", ")),
+            );
+            if let Ok(v) = HeaderValue::from_str(&allowed.join(", ")) {
+                r.headers_mut().insert(axum::http::header::ALLOW, v);
+            }
+            return r;
+        }
+    };
+    let request_id = request_id(req.headers());
+    let mut response = serve(&gw, &ns, &route.function, path, req, &request_id, false).await;
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert("x-request-id", v);
+    }
+    response
+}
+
 /// The request id the caller sent, or a fresh one.
 pub fn request_id(headers: &HeaderMap) -> String {
     headers
@@ -75,7 +135,7 @@ pub fn request_id(headers: &HeaderMap) -> String {
 
 async fn handle(gw: Gateway, ns: String, name: String, path: String, req: Request) -> Response {
     let request_id = request_id(req.headers());
-    let mut response = serve(&gw, &ns, &name, path, req, &request_id).await;
+    let mut response = serve(&gw, &ns, &name, path, req, &request_id, true).await;
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         response.headers_mut().insert("x-request-id", v);
     }
@@ -89,6 +149,7 @@ async fn serve(
     path: String,
     req: Request,
     request_id: &str,
+    check_private: bool,
 ) -> Response {
     let not_found = || {
         error_response(
@@ -97,9 +158,14 @@ async fn serve(
             &format!("function {ns}/{name} not found"),
         )
     };
+    // Only functions are reachable here: other pools (a job's run) have names that
+    // are not DNS labels.
+    if sless_core::validate_name("name", name).is_err() {
+        return not_found();
+    }
     match gw.executor.is_private(ns, name) {
         None => return not_found(),
-        Some(true) => {
+        Some(true) if check_private => {
             let token = req
                 .headers()
                 .get(axum::http::header::AUTHORIZATION)
@@ -118,7 +184,7 @@ async fn serve(
                 Some(_) => {}
             }
         }
-        Some(false) => {}
+        Some(_) => {}
     }
 
     let (parts, body) = req.into_parts();
@@ -144,13 +210,27 @@ async fn serve(
     let request = InvokeRequest {
         event,
         request_id: request_id.to_string(),
-        source: "http",
+        source: InvocationSource::Http.as_str(),
     };
-    let mut response = match gw.executor.invoke(ns, name, request).await {
+    // Only requests that reach the executor are invocations: a refused body or a
+    // failed authorisation never ran the function.
+    let invocation = gw
+        .recorder
+        .as_ref()
+        .map(|_| Invocation::start(ns, name, InvocationSource::Http, request_id));
+    let result = gw.executor.invoke(ns, name, request).await;
+    let mut response = match &result {
         Ok(r) => result_response(r.ok, &r.body),
         Err(InvokeError::NotFound) => not_found(),
-        Err(e) => invoke_error_response(&e),
+        Err(e) => invoke_error_response(e),
     };
+    // A function that went away meanwhile answers as if it had never existed,
+    // and leaves no record.
+    if let (Some(recorder), Some(invocation)) = (&gw.recorder, invocation)
+        && !matches!(result, Err(InvokeError::NotFound))
+    {
+        recorder.record(invocation.finish(result.as_ref(), response.status().as_u16()));
+    }
     if is_head {
         *response.body_mut() = Body::empty();
     }

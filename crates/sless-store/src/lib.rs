@@ -2,13 +2,22 @@
 //! [`SqliteStore`] is the embedded default. A PostgreSQL adapter implements the
 //! same trait without callers changing.
 
+mod invocations;
+mod jobs;
 mod sqlite;
+mod triggers;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sless_core::{FunctionSpec, FunctionStatus};
 
+pub use invocations::{
+    DEFAULT_INVOCATION_LIMIT, InvocationFilter, InvocationRecord, InvocationSource,
+    InvocationStore, MAX_INVOCATION_LIMIT,
+};
+pub use jobs::{JobRecord, JobStore};
 pub use sqlite::SqliteStore;
+pub use triggers::{TriggerRecord, TriggerStore};
 
 /// Errors of the metadata store.
 #[derive(Debug, thiserror::Error)]

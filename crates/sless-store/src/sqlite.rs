@@ -41,6 +41,11 @@ impl SqliteStore {
         })
     }
 
+    /// The connection pool, for the other record kinds kept in the same database.
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
     /// An in-memory database, for tests.
     pub async fn in_memory() -> Result<Self> {
         let options = SqliteConnectOptions::from_str("sqlite::memory:")?.foreign_keys(true);
@@ -168,6 +173,12 @@ impl Store for SqliteStore {
             .bind(name)
             .execute(&mut *tx)
             .await?;
+        for table in [
+            "DELETE FROM triggers WHERE namespace = ?",
+            "DELETE FROM jobs WHERE namespace = ?",
+        ] {
+            sqlx::query(table).bind(name).execute(&mut *tx).await?;
+        }
         sqlx::query("DELETE FROM tokens WHERE namespace = ?")
             .bind(name)
             .execute(&mut *tx)

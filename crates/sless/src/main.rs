@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use cli::{Ctx, GlobalArgs, admin, deploy, functions};
+use cli::{Ctx, GlobalArgs, admin, deploy, functions, invocations, jobs, triggers};
 
 /// sless — serverless functions on one machine.
 ///
@@ -22,7 +22,10 @@ use cli::{Ctx, GlobalArgs, admin, deploy, functions};
   sless deploy ./hello                # prints the function URL when it is ready
   sless invoke hello --data '{\"x\": 1}'
   curl http://127.0.0.1:8080/fn/default/hello
-  sless ls && sless logs hello --tail 20")]
+  sless ls && sless logs hello --tail 20
+  sless trigger create nightly --function hello --cron '0 3 * * *'
+  sless job run once --function hello --event '{\"x\": 2}' --wait
+  sless invocations --function hello --since 10m")]
 struct Cli {
     #[command(flatten)]
     global: GlobalArgs,
@@ -47,6 +50,14 @@ enum Command {
     Logs(functions::LogsArgs),
     /// Delete functions.
     Rm(functions::RmArgs),
+    /// Create, list, enable, disable and delete triggers (HTTP routes, cron schedules).
+    #[command(subcommand, alias = "triggers")]
+    Trigger(triggers::TriggerCommand),
+    /// Run one-shot jobs, list them and see their results.
+    #[command(subcommand, alias = "jobs")]
+    Job(jobs::JobCommand),
+    /// List recent invocations, newest first.
+    Invocations(invocations::InvocationsArgs),
     /// Create, list and delete namespaces.
     #[command(subcommand)]
     Ns(admin::NsCommand),
@@ -84,6 +95,9 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Status(args) => functions::status(ctx, args).await,
         Command::Logs(args) => functions::logs(ctx, args).await,
         Command::Rm(args) => functions::rm(ctx, args).await,
+        Command::Trigger(command) => triggers::run(ctx, command).await,
+        Command::Job(command) => jobs::run(ctx, command).await,
+        Command::Invocations(args) => invocations::run(ctx, args).await,
         Command::Ns(command) => admin::ns(ctx, command).await,
         Command::Token(command) => admin::token(ctx, command).await,
         Command::Whoami => admin::whoami(ctx).await,
@@ -154,5 +168,37 @@ mod tests {
             Cli::try_parse_from(["sless", "rm"]).is_err(),
             "rm needs a name"
         );
+    }
+
+    #[test]
+    fn trigger_job_and_invocation_commands_are_wired() {
+        let cli = Cli::try_parse_from(["sless", "trigger", "disable", "nightly", "-n", "team-a"])
+            .expect("parses");
+        assert_eq!(cli.global.namespace, "team-a");
+        assert!(matches!(
+            cli.command,
+            Command::Trigger(triggers::TriggerCommand::Disable { .. })
+        ));
+        let cli = Cli::try_parse_from(["sless", "jobs", "ls"]).expect("the plural works too");
+        assert!(matches!(
+            cli.command,
+            Command::Job(jobs::JobCommand::Ls { json: false })
+        ));
+        let cli = Cli::try_parse_from(["sless", "job", "run", "once", "-f", "hello", "--wait"])
+            .expect("parses");
+        assert!(matches!(
+            cli.command,
+            Command::Job(jobs::JobCommand::Run(jobs::RunArgs { wait: true, .. }))
+        ));
+        let cli = Cli::try_parse_from(["sless", "invocations", "--status", "500", "--json"])
+            .expect("parses");
+        assert!(matches!(
+            cli.command,
+            Command::Invocations(invocations::InvocationsArgs {
+                status: Some(500),
+                json: true,
+                ..
+            })
+        ));
     }
 }

@@ -14,10 +14,17 @@ use sless_api::{AppState, Tokens};
 use sless_blob::{ArchiveLimits, BlobStore, LocalBlobStore};
 use sless_build::{BuildConfig, Builder};
 use sless_controller::Controller;
+use sless_controller::jobs::{Jobs, OnJobInvoke};
+use sless_controller::triggers::{InvokeOutcome, OnInvoke, Triggers};
 use sless_executor::{Executor, ExecutorConfig};
+use sless_gateway::HttpRoutes;
 use sless_logs::LogStore;
+use sless_records::{Recorder, RecorderConfig, Retention};
 use sless_sandbox::{Sandbox, SandboxConfig};
-use sless_store::{SqliteStore, Store};
+use sless_store::{
+    InvocationRecord, InvocationSource, InvocationStore, JobStore, SqliteStore, Store, TriggerStore,
+};
+use tokio_util::sync::CancellationToken;
 
 const PYTHON_SHIM: &str = include_str!("../../../runtimes/python/sless_runtime.py");
 const NODE_SHIM: &str = include_str!("../../../runtimes/node/sless_runtime.js");
@@ -81,6 +88,19 @@ pub struct ServeArgs {
     /// Unprivileged uid (and gid) that functions and builds run as.
     #[arg(long, env = "SLESS_SANDBOX_UID", default_value_t = 65534)]
     pub sandbox_uid: u32,
+    /// Invocation records older than this many hours are deleted (0 keeps them regardless of age).
+    #[arg(long, env = "SLESS_INVOCATION_RETENTION_HOURS", default_value_t = 168)]
+    pub invocation_retention_hours: u64,
+    /// Each namespace keeps at most this many invocation records, the newest (0: no bound).
+    #[arg(
+        long,
+        env = "SLESS_INVOCATION_RETENTION_COUNT",
+        default_value_t = 100_000
+    )]
+    pub invocation_retention_count: u64,
+    /// Do not record invocations (records already stored stay listable until retention removes them).
+    #[arg(long, env = "SLESS_NO_INVOCATION_RECORDS")]
+    pub no_invocation_records: bool,
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {
@@ -101,11 +121,15 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     create_private_dir(&data_dir)?;
     let admin_token = admin_token(&data_dir)?;
 
-    let store: Arc<dyn Store> = Arc::new(
+    let sqlite = Arc::new(
         SqliteStore::open(&data_dir.join("sless.db"))
             .await
             .with_context(|| format!("cannot open the metadata store in {}", data_dir.display()))?,
     );
+    let invocations: Arc<dyn InvocationStore> = sqlite.clone();
+    let trigger_store: Arc<dyn TriggerStore> = sqlite.clone();
+    let job_store: Arc<dyn JobStore> = sqlite.clone();
+    let store: Arc<dyn Store> = sqlite;
     store.ensure_namespace("default").await?;
     let blobs: Arc<dyn BlobStore> = Arc::new(
         LocalBlobStore::new(data_dir.join("blobs")).context("cannot open the code store")?,
@@ -181,12 +205,60 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let controller = Controller::new(
         store.clone(),
         blobs.clone(),
-        builder,
+        builder.clone(),
         executor.clone(),
         logs.clone(),
         public_url.clone(),
     );
     let tokens = Arc::new(Tokens::new(&admin_token, store.clone()));
+    let recorder = (!args.no_invocation_records)
+        .then(|| Recorder::start(invocations.clone(), RecorderConfig::default()));
+    // Retention runs even with recording off, so earlier records still age out.
+    let retention = sless_records::spawn_retention(
+        invocations.clone(),
+        Retention {
+            max_age: Duration::from_secs(args.invocation_retention_hours.saturating_mul(3600)),
+            max_count: args.invocation_retention_count,
+            ..Retention::default()
+        },
+    );
+
+    // Triggers and jobs invoke functions too; their invocations are recorded alike.
+    let shutdown = CancellationToken::new();
+    let routes = Arc::new(HttpRoutes::default());
+    let cron_recorder = recorder.clone();
+    let on_fire: OnInvoke = Arc::new(move |req, request_id, o| {
+        if let Some(recorder) = &cron_recorder {
+            recorder.record(record(
+                &req.namespace,
+                &req.function,
+                InvocationSource::Cron,
+                request_id,
+                o,
+            ));
+        }
+    });
+    let triggers = Triggers::start(
+        executor.clone(),
+        trigger_store.clone(),
+        routes.clone(),
+        Some(on_fire),
+        shutdown.clone(),
+    );
+    let job_recorder = recorder.clone();
+    let on_job: OnJobInvoke = Arc::new(move |ns, function, request_id, o| {
+        if let Some(recorder) = &job_recorder {
+            recorder.record(record(ns, function, InvocationSource::Job, request_id, o));
+        }
+    });
+    let jobs = Jobs::new(
+        job_store.clone(),
+        blobs.clone(),
+        builder,
+        executor.clone(),
+        logs.clone(),
+        Some(on_job),
+    );
 
     let api = sless_api::router(AppState {
         store: store.clone(),
@@ -197,11 +269,21 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         tokens: tokens.clone(),
         archive_limits: limits,
         max_invoke_body: (args.max_body_mb * MIB) as usize,
+        invocations,
+        recorder: recorder.clone(),
+        trigger_store: trigger_store.clone(),
+        job_store,
+        triggers: triggers.clone(),
+        jobs: jobs.clone(),
+        trigger_patch_lock: Arc::default(),
+        job_patch_lock: Arc::default(),
     });
     let gateway = sless_gateway::router(sless_gateway::Gateway {
         executor: executor.clone(),
         authorizer: tokens,
         max_body: (args.max_body_mb * MIB) as usize,
+        recorder: recorder.clone(),
+        routes,
     });
     let app = gateway.merge(api);
 
@@ -211,6 +293,13 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     // Bring stored functions back before taking traffic: connections wait in the
     // listen backlog meanwhile rather than meeting a 404.
     let functions = controller.resync_all(Duration::from_secs(60)).await?;
+    for trigger in trigger_store.list_triggers(None).await? {
+        triggers.apply(&trigger);
+    }
+    let resumed = jobs.resume_all().await?;
+    if resumed > 0 {
+        tracing::info!(jobs = resumed, "resumed unfinished jobs");
+    }
     eprintln!(
         "sless serving on {public_url} (data in {}, {functions} functions)",
         data_dir.display()
@@ -234,9 +323,19 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         grace.as_secs()
     );
     let _ = stop_tx.send(true);
+    shutdown.cancel();
     if tokio::time::timeout(grace, &mut server).await.is_err() {
         tracing::warn!("in-flight requests did not finish within the grace period");
         server.abort();
+    }
+    // The last invocations' records are written before the process goes.
+    retention.abort();
+    if let Some(recorder) = &recorder
+        && tokio::time::timeout(Duration::from_secs(5), recorder.flush())
+            .await
+            .is_err()
+    {
+        tracing::warn!("invocation records were still being written at shutdown");
     }
     executor.shutdown(Duration::from_secs(5)).await;
     tracing::info!("stopped");
@@ -331,4 +430,27 @@ fn write_shims(dir: &Path) -> Result<PathBuf> {
         std::fs::rename(&tmp, &path)?;
     }
     Ok(dir.to_path_buf())
+}
+
+/// An invocation record for a triggered or job invocation.
+fn record(
+    ns: &str,
+    function: &str,
+    source: InvocationSource,
+    request_id: &str,
+    o: &InvokeOutcome,
+) -> InvocationRecord {
+    InvocationRecord {
+        id: sless_records::new_id(),
+        namespace: ns.to_string(),
+        function: function.to_string(),
+        revision: o.revision,
+        source,
+        request_id: request_id.to_string(),
+        started_at: o.started_at,
+        duration: o.duration,
+        status: o.status,
+        cold_start: o.cold_start,
+        error: o.error.clone(),
+    }
 }

@@ -431,16 +431,16 @@ fn human_size(bytes: usize) -> String {
     }
 }
 
-/// Deploy progress on stderr: a spinner on a terminal, one line per phase change otherwise
-/// (so CI logs stay readable).
-struct Progress {
+/// Progress of a deploy or a job on stderr: a spinner on a terminal, one line per phase
+/// change otherwise (so CI logs stay readable).
+pub(super) struct Progress {
     bar: Option<ProgressBar>,
-    start: Instant,
+    pub(super) start: Instant,
     shown: String,
 }
 
 impl Progress {
-    fn new() -> Progress {
+    pub(super) fn new() -> Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = ProgressBar::new_spinner();
             if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
@@ -456,7 +456,7 @@ impl Progress {
         }
     }
 
-    fn line(&self, text: &str) {
+    pub(super) fn line(&self, text: &str) {
         match &self.bar {
             Some(bar) => bar.println(text),
             None => eprintln!("{text}"),
@@ -477,6 +477,11 @@ impl Progress {
                 other => format!("{}…", other.to_lowercase()),
             }
         };
+        self.show(text);
+    }
+
+    /// Shows `text` as the current state, unless it is already shown.
+    pub(super) fn show(&mut self, text: String) {
         if text == self.shown {
             return;
         }
@@ -487,7 +492,7 @@ impl Progress {
         self.shown = text;
     }
 
-    fn finish(&self) {
+    pub(super) fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }

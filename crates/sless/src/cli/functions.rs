@@ -51,10 +51,11 @@ fn event_source(data: Option<&str>, stdin_is_terminal: bool) -> EventSource {
     }
 }
 
-/// Reads and parses the event; empty input means `{}`.
-fn read_event(data: Option<&str>) -> anyhow::Result<Value> {
+/// Reads and parses the event from `--data`/`--event` (JSON, `@FILE`, `@-`/`-` for stdin),
+/// or from stdin when not given and stdin is not a terminal; empty input means `{}`.
+pub(super) fn read_event(data: Option<&str>, flag: &str) -> anyhow::Result<Value> {
     let (text, origin) = match event_source(data, std::io::stdin().is_terminal()) {
-        EventSource::Literal(text) => (text, "--data".to_string()),
+        EventSource::Literal(text) => (text, flag.to_string()),
         EventSource::File(path) => (
             std::fs::read_to_string(&path)
                 .with_context(|| format!("cannot read the event file {path}"))?,
@@ -81,7 +82,7 @@ fn parse_event(text: &str, origin: &str) -> anyhow::Result<Value> {
 
 /// Runs `sless invoke`.
 pub async fn invoke(ctx: &Ctx, args: InvokeArgs) -> anyhow::Result<ExitCode> {
-    let event = read_event(args.data.as_deref())?;
+    let event = read_event(args.data.as_deref(), "--data")?;
     let ns = &ctx.namespace;
     let resp = ctx
         .client
@@ -366,8 +367,13 @@ mod tests {
         let path = dir.path().join("ev.json");
         std::fs::write(&path, r#"{"n": 3}"#).expect("write");
         let data = format!("@{}", path.display());
-        assert_eq!(read_event(Some(&data)).expect("read"), json!({"n": 3}));
-        assert!(read_event(Some("@/definitely/not/here.json")).is_err());
+        assert_eq!(
+            read_event(Some(&data), "--data").expect("read"),
+            json!({"n": 3})
+        );
+        assert!(read_event(Some("@/definitely/not/here.json"), "--data").is_err());
+        let err = read_event(Some("{"), "--event").expect_err("invalid");
+        assert_eq!(err.to_string(), "the event from --event is not valid JSON");
     }
 
     #[test]

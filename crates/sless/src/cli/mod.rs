@@ -4,7 +4,10 @@ pub mod admin;
 pub mod archive;
 pub mod deploy;
 pub mod functions;
+pub mod invocations;
+pub mod jobs;
 pub mod table;
+pub mod triggers;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

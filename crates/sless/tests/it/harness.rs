@@ -290,3 +290,28 @@ pub async fn deploy_dir(server: &Server, name: &str, spec: Value, dir: &Path) ->
         .expect("upload");
     server.wait_settled("default", name, up.revision).await
 }
+
+/// Interpreter processes on this machine running in a sandbox of the server
+/// whose data directory is `data_dir` (their mount table names its paths).
+pub fn processes_with(data_dir: &std::path::Path) -> Vec<u32> {
+    let needle = data_dir.to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let interpreter = std::fs::read_link(entry.path().join("exe")).is_ok_and(|exe| {
+            exe.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n.starts_with("python") || n == "node"
+            })
+        });
+        if interpreter
+            && std::fs::read_to_string(entry.path().join("mountinfo"))
+                .is_ok_and(|m| m.contains(&needle))
+        {
+            found.push(pid);
+        }
+    }
+    found
+}

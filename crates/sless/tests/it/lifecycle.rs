@@ -4,35 +4,10 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::harness::Server;
+use crate::harness::{Server, processes_with};
 
 const HELLO: &str =
     "import os\n\ndef handle(event):\n    return os.environ.get('ANSWER', 'none')\n";
-
-/// Interpreter processes on this machine running in a sandbox of the server
-/// whose data directory is `data_dir` (their mount table names its paths).
-fn processes_with(data_dir: &std::path::Path) -> Vec<u32> {
-    let needle = data_dir.to_string_lossy().into_owned();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let interpreter = std::fs::read_link(entry.path().join("exe")).is_ok_and(|exe| {
-            exe.file_name().is_some_and(|n| {
-                let n = n.to_string_lossy();
-                n.starts_with("python") || n == "node"
-            })
-        });
-        if interpreter
-            && std::fs::read_to_string(entry.path().join("mountinfo"))
-                .is_ok_and(|m| m.contains(&needle))
-        {
-            found.push(pid);
-        }
-    }
-    found
-}
 
 async fn wait_until<F: FnMut() -> bool>(what: &str, mut cond: F) {
     let deadline = std::time::Instant::now() + Duration::from_secs(15);

@@ -1,0 +1,226 @@
+//! Invocation records: `GET /v1/namespaces/{ns}/invocations`, newest first,
+//! filtered by function, status, source and start time.
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use sless_store::{InvocationFilter, InvocationRecord, InvocationSource, MAX_INVOCATION_LIMIT};
+
+use crate::{ApiError, AppState, Caller};
+
+pub async fn list(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(ns): Path<String>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    caller.check(&ns)?;
+    let Query(params) = query.map_err(|e| ApiError::bad(format!("query: {e}")))?;
+    let filter = parse_filter(&params)?;
+    s.store.get_namespace(&ns).await?;
+    let items: Vec<Value> = s
+        .invocations
+        .list(&ns, &filter)
+        .await?
+        .iter()
+        .map(invocation_json)
+        .collect();
+    Ok(Json(json!({"items": items})))
+}
+
+/// The filter a query asks for. An empty value (`?function=`) filters nothing;
+/// when a parameter repeats, the last one counts. A `limit` above the maximum is
+/// lowered to it rather than refused.
+fn parse_filter(params: &[(String, String)]) -> Result<InvocationFilter, ApiError> {
+    let mut filter = InvocationFilter::default();
+    for (key, value) in params {
+        if value.is_empty() {
+            match key.as_str() {
+                "function" => filter.function = None,
+                "status" => filter.status = None,
+                "source" => filter.source = None,
+                "since" => filter.since = None,
+                "limit" => filter.limit = None,
+                other => return Err(unknown(other)),
+            }
+            continue;
+        }
+        match key.as_str() {
+            "function" => {
+                sless_core::validate_name("function", value)?;
+                filter.function = Some(value.clone());
+            }
+            "status" => {
+                let status = value
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|s| (100..=599).contains(s))
+                    .ok_or_else(|| {
+                        ApiError::bad(format!(
+                            "status: must be an HTTP status code from 100 to 599, got {value:?}"
+                        ))
+                    })?;
+                filter.status = Some(status);
+            }
+            "source" => {
+                let source = InvocationSource::parse(value).ok_or_else(|| {
+                    let all: Vec<&str> = InvocationSource::ALL.iter().map(|s| s.as_str()).collect();
+                    ApiError::bad(format!(
+                        "source: must be one of {}, got {value:?}",
+                        all.join(", ")
+                    ))
+                })?;
+                filter.source = Some(source);
+            }
+            "since" => {
+                let since = DateTime::parse_from_rfc3339(value).map_err(|e| {
+                    ApiError::bad(format!(
+                        "since: must be an RFC 3339 time such as 2025-01-31T12:00:00Z, got {value:?} ({e})"
+                    ))
+                })?;
+                filter.since = Some(since.with_timezone(&Utc));
+            }
+            "limit" => {
+                let limit = value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| {
+                        ApiError::bad(format!(
+                            "limit: must be a whole number from 1 to {MAX_INVOCATION_LIMIT}, got {value:?}"
+                        ))
+                    })?;
+                filter.limit = Some(limit.min(u64::from(MAX_INVOCATION_LIMIT)) as u32);
+            }
+            other => return Err(unknown(other)),
+        }
+    }
+    Ok(filter)
+}
+
+fn unknown(parameter: &str) -> ApiError {
+    ApiError::bad(format!(
+        "{parameter}: unknown query parameter (function, status, source, since and limit are known)"
+    ))
+}
+
+/// The wire shape of one record. `duration_ms` keeps microseconds as decimals:
+/// most handlers answer in well under a millisecond.
+fn invocation_json(r: &InvocationRecord) -> Value {
+    json!({
+        "id": r.id,
+        "function": r.function,
+        "revision": r.revision,
+        "source": r.source.as_str(),
+        "request_id": r.request_id,
+        "started_at": r.started_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "duration_ms": r.duration.as_micros() as f64 / 1000.0,
+        "status": r.status,
+        "cold_start": r.cold_start,
+        "error": r.error,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn parse(query: &[(&str, &str)]) -> Result<InvocationFilter, String> {
+        let params: Vec<(String, String)> = query
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        parse_filter(&params).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn filters_parse_and_empty_values_filter_nothing() {
+        let f = parse(&[
+            ("function", "hello"),
+            ("status", "500"),
+            ("source", "invoke"),
+            ("since", "2025-01-31T13:00:00+01:00"),
+            ("limit", "5"),
+        ])
+        .unwrap();
+        assert_eq!(
+            f,
+            InvocationFilter {
+                function: Some("hello".into()),
+                status: Some(500),
+                source: Some(InvocationSource::Invoke),
+                since: Some("2025-01-31T12:00:00Z".parse().unwrap()),
+                limit: Some(5),
+            }
+        );
+        let empty = [
+            ("function", ""),
+            ("status", ""),
+            ("source", ""),
+            ("since", ""),
+            ("limit", ""),
+        ];
+        assert_eq!(parse(&empty).unwrap(), InvocationFilter::default());
+        assert_eq!(parse(&[("limit", "50000")]).unwrap().limit, Some(1000));
+        assert_eq!(
+            parse(&[("status", "200"), ("status", "404")])
+                .unwrap()
+                .status,
+            Some(404)
+        );
+        assert_eq!(
+            parse(&[("function", "a"), ("function", "")])
+                .unwrap()
+                .function,
+            None,
+            "the last value counts, even an empty one"
+        );
+    }
+
+    #[test]
+    fn bad_values_are_400_naming_the_parameter() {
+        for (query, field) in [
+            (("function", "Not_A_Name"), "function:"),
+            (("status", "abc"), "status:"),
+            (("status", "700"), "status:"),
+            (("source", "email"), "source:"),
+            (("since", "yesterday"), "since:"),
+            (("limit", "0"), "limit:"),
+            (("limit", "-3"), "limit:"),
+            (("fucntion", "x"), "fucntion:"),
+        ] {
+            let err = parse(&[query]).unwrap_err();
+            assert!(err.starts_with(field), "{query:?}: {err}");
+        }
+        let err = parse_filter(&[("status".into(), "x".into())]).unwrap_err();
+        assert!(matches!(err, ApiError::BadRequest(_)));
+    }
+
+    #[test]
+    fn records_have_the_contract_shape() {
+        let r = InvocationRecord {
+            id: "0001".into(),
+            namespace: "team".into(),
+            function: "hello".into(),
+            revision: 2,
+            source: InvocationSource::Http,
+            request_id: "req".into(),
+            started_at: "2025-01-31T12:00:00.123456Z".parse().unwrap(),
+            duration: Duration::from_micros(1500),
+            status: 500,
+            cold_start: true,
+            error: Some("boom".into()),
+        };
+        assert_eq!(
+            invocation_json(&r),
+            json!({
+                "id": "0001", "function": "hello", "revision": 2, "source": "http",
+                "request_id": "req", "started_at": "2025-01-31T12:00:00.123Z",
+                "duration_ms": 1.5, "status": 500, "cold_start": true, "error": "boom",
+            })
+        );
+    }
+}

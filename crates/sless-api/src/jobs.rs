@@ -1,0 +1,265 @@
+//! Jobs: one-shot runs of a function or of self-contained code.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sless_core::{JobPhase, JobSpec, JobStatus};
+use sless_store::JobRecord;
+
+use crate::functions::spec_error;
+use crate::{ApiError, AppState, Caller, JsonBody, read_limited};
+
+fn time(t: chrono::DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn job_json(j: &JobRecord) -> Value {
+    let st = &j.status;
+    json!({
+        "name": j.name,
+        "namespace": j.namespace,
+        "spec": j.spec,
+        "status": {
+            "phase": st.phase,
+            "run_id": st.run_id,
+            "result": st.result,
+            "message": st.message,
+            "started_at": st.started_at.map(time),
+            "finished_at": st.finished_at.map(time),
+            "attempts": st.attempts,
+        },
+        "code_sha256": j.code_sha256,
+        "created_at": time(j.created_at),
+        "updated_at": time(j.updated_at),
+    })
+}
+
+/// The status a run starts from: Pending, or Skipped for `run_id: 0`.
+fn initial_status(spec: &JobSpec) -> JobStatus {
+    JobStatus {
+        phase: if spec.run_id == 0 {
+            JobPhase::Skipped
+        } else {
+            JobPhase::Pending
+        },
+        run_id: spec.run_id,
+        message: if spec.run_id == 0 {
+            "run_id is 0: not run".into()
+        } else {
+            String::new()
+        },
+        ..Default::default()
+    }
+}
+
+pub async fn list(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(ns): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    caller.check(&ns)?;
+    s.store.get_namespace(&ns).await?;
+    let items: Vec<Value> = s
+        .job_store
+        .list_jobs(Some(&ns))
+        .await?
+        .iter()
+        .map(job_json)
+        .collect();
+    Ok(Json(json!({"items": items})))
+}
+
+pub async fn create(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(ns): Path<String>,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ApiError> {
+    caller.check(&ns)?;
+    let Value::Object(mut fields) = body else {
+        return Err(ApiError::bad("body: must be a JSON object"));
+    };
+    let name = match fields.remove("name") {
+        Some(Value::String(name)) => name,
+        Some(_) => return Err(ApiError::bad("name: must be a string")),
+        None => return Err(ApiError::bad("name: required")),
+    };
+    sless_core::validate_name("name", &name)?;
+    s.store.get_namespace(&ns).await?;
+    let mut spec: JobSpec = serde_path_to_error::deserialize(Value::Object(fields))
+        .map_err(|e| ApiError::bad(spec_error(e)))?;
+    spec.validate()?;
+    if let Some(function) = &spec.function
+        && s.store.get_function(&ns, function).await.is_err()
+    {
+        return Err(ApiError::bad(format!(
+            "function: {function:?} does not exist in namespace {ns}"
+        )));
+    }
+    let now = Utc::now();
+    let status = initial_status(&spec);
+    let record = JobRecord {
+        namespace: ns.clone(),
+        name: name.clone(),
+        spec,
+        status,
+        code_sha256: None,
+        created_at: now,
+        updated_at: now,
+    };
+    s.job_store.create_job(&record).await?;
+    if record.spec.run_id != 0 {
+        s.jobs.start(&ns, &name);
+    }
+    Ok((StatusCode::CREATED, Json(job_json(&record))).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct WaitQuery {
+    wait: Option<u64>,
+}
+
+pub async fn get(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+    Query(q): Query<WaitQuery>,
+) -> Result<Json<Value>, ApiError> {
+    caller.check(&ns)?;
+    let mut job = s.job_store.get_job(&ns, &name).await?;
+    if let Some(wait) = q.wait {
+        // Bounded, and polls the store: the run's status is written there.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(wait.min(900));
+        while !(job.status.run_id == job.spec.run_id && job.status.phase.is_terminal())
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            job = s.job_store.get_job(&ns, &name).await?;
+        }
+    }
+    Ok(Json(job_json(&job)))
+}
+
+pub async fn patch(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+    JsonBody(patch): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    caller.check(&ns)?;
+    let Value::Object(fields) = &patch else {
+        return Err(ApiError::bad("body: a patch must be a JSON object"));
+    };
+    if let Some(unknown) = fields
+        .keys()
+        .find(|k| !sless_core::job::JOB_FIELDS.contains(&k.as_str()))
+    {
+        return Err(ApiError::bad(format!(
+            "{unknown}: unknown field (it cannot be changed with PATCH)"
+        )));
+    }
+    let _serial = s.job_patch_lock.lock().await;
+    let current = s.job_store.get_job(&ns, &name).await?;
+    let mut doc = serde_json::to_value(&current.spec).map_err(|e| ApiError::Internal(e.into()))?;
+    sless_core::patch::merge(&mut doc, &patch);
+    let mut spec: JobSpec =
+        serde_path_to_error::deserialize(doc).map_err(|e| ApiError::bad(spec_error(e)))?;
+    spec.validate()?;
+    let rerun = spec.run_id != current.spec.run_id;
+    if rerun && spec.run_id != 0 && spec.run_id < current.spec.run_id {
+        return Err(ApiError::bad(format!(
+            "run_id: raise it above {} to run the job again",
+            current.spec.run_id
+        )));
+    }
+    // A new run_id is Pending (or Skipped) before this answers.
+    let status = if rerun {
+        initial_status(&spec)
+    } else {
+        current.status.clone()
+    };
+    s.job_store.update_job(&ns, &name, &spec, &status).await?;
+    if rerun {
+        if spec.run_id == 0 {
+            s.jobs.stop(&ns, &name);
+        } else {
+            s.jobs.start(&ns, &name);
+        }
+    }
+    Ok(Json(job_json(&s.job_store.get_job(&ns, &name).await?)))
+}
+
+pub async fn delete(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    caller.check(&ns)?;
+    s.job_store.get_job(&ns, &name).await?;
+    s.jobs.stop(&ns, &name);
+    s.job_store.delete_job(&ns, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn upload_code(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    caller.check(&ns)?;
+    let job = s.job_store.get_job(&ns, &name).await?;
+    if job.spec.function.is_some() {
+        return Err(ApiError::Conflict(format!(
+            "job {name} runs function {:?}; only self-contained jobs take code",
+            job.spec.function.unwrap_or_default()
+        )));
+    }
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    if !content_type.starts_with("application/zip") {
+        return Err(ApiError::UnsupportedMediaType(format!(
+            "expected Content-Type: application/zip, got {content_type:?}"
+        )));
+    }
+    let limits = s.archive_limits;
+    let archive = read_limited(req, limits.max_compressed as usize).await?;
+    let checked = {
+        let archive = archive.clone();
+        tokio::task::spawn_blocking(move || sless_blob::inspect_zip(&archive, &limits))
+            .await
+            .map_err(|e| ApiError::Internal(e.into()))?
+    };
+    if let Err(e) = checked {
+        return Err(match e {
+            sless_blob::ArchiveError::TooLarge(m) => ApiError::TooLarge(m),
+            other => ApiError::bad(format!("code: {other}")),
+        });
+    }
+    let sha = s
+        .blobs
+        .put(archive)
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))?;
+    s.job_store.set_job_code(&ns, &name, &sha).await?;
+    if job.spec.run_id != 0
+        && !(job.status.run_id == job.spec.run_id && job.status.phase.is_terminal())
+    {
+        s.jobs.start(&ns, &name);
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"code_sha256": sha, "run_id": job.spec.run_id})),
+    )
+        .into_response())
+}

@@ -1,0 +1,611 @@
+//! A lean closed-loop HTTP/1.1 load generator: N keep-alive connections, each sending one
+//! request after another for a fixed time, over TCP or a Unix socket.
+//!
+//! Every comparison in the bench (gateway vs direct, gateway vs plain Node, shim vs
+//! `ThreadingHTTPServer`) uses this one generator with the same settings, so the generator's
+//! own cost is the same on both sides of each ratio.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method, Request, header};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpStream, UnixStream};
+
+use crate::error::{BenchError, Result};
+use crate::stats;
+
+/// How long one request may take before it counts as failed; bounds every run in time.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connection attempts in a row that may fail before a connection's loop gives up.
+const MAX_CONNECT_FAILURES: u32 = 20;
+
+/// Where the load goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A loopback TCP address.
+    Tcp(SocketAddr),
+    /// A Unix socket path.
+    Unix(PathBuf),
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Tcp(addr) => write!(f, "tcp:{addr}"),
+            Endpoint::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+/// The one request every connection sends, over and over.
+#[derive(Debug, Clone)]
+pub struct RequestTemplate {
+    /// The method, e.g. `GET`.
+    pub method: Method,
+    /// Path and query, e.g. `/fn/default/hello`.
+    pub path: String,
+    /// Extra headers (`Host`, `Content-Length` are set by the generator).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The body, sent with a `Content-Length`; empty for none.
+    pub body: Bytes,
+}
+
+impl RequestTemplate {
+    /// A `GET path` with no body.
+    pub fn get(path: &str) -> RequestTemplate {
+        RequestTemplate {
+            method: Method::GET,
+            path: path.to_string(),
+            headers: Vec::new(),
+            body: Bytes::new(),
+        }
+    }
+
+    /// A `POST path` with a JSON body.
+    pub fn post_json(path: &str, body: &serde_json::Value) -> RequestTemplate {
+        RequestTemplate {
+            method: Method::POST,
+            path: path.to_string(),
+            headers: vec![(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            body: Bytes::from(body.to_string()),
+        }
+    }
+
+    /// Adds a header.
+    pub fn with_header(mut self, name: &'static str, value: &'static str) -> RequestTemplate {
+        self.headers.push((
+            HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        ));
+        self
+    }
+
+    fn build(&self) -> Result<Request<Full<Bytes>>> {
+        let mut builder = Request::builder()
+            .method(self.method.clone())
+            .uri(&self.path)
+            .header(header::HOST, "localhost");
+        // A POST always says how long its body is, as the instance protocol requires.
+        if !self.body.is_empty() || self.method == Method::POST {
+            builder = builder.header(header::CONTENT_LENGTH, self.body.len());
+        }
+        for (name, value) in &self.headers {
+            builder = builder.header(name, value);
+        }
+        builder
+            .body(Full::new(self.body.clone()))
+            .map_err(|e| BenchError::Setup(format!("invalid request {}: {e}", self.path)))
+    }
+}
+
+/// How much load, for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadSpec {
+    /// Concurrent keep-alive connections, each with one request in flight.
+    pub connections: usize,
+    /// Time before measuring starts (connections are set up, pools and JITs warm).
+    pub warmup: Duration,
+    /// The measured window.
+    pub duration: Duration,
+}
+
+/// What one load run observed within its measured window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoadReport {
+    /// Successful (2xx) requests that started and finished within the window.
+    pub ok: u64,
+    /// Requests that failed (non-2xx, transport error, timeout) at any time in the run.
+    pub errors: u64,
+    /// All attempted requests in the run, warm-up included.
+    pub attempts: u64,
+    /// The first failure seen, for the error message.
+    pub first_failure: Option<String>,
+    /// The measured window.
+    pub window: Duration,
+    /// Latencies of the successful requests in the window, in microseconds, sorted.
+    pub latencies_us: Vec<u32>,
+}
+
+impl LoadReport {
+    /// Successful requests per second in the window.
+    pub fn rps(&self) -> f64 {
+        let secs = self.window.as_secs_f64();
+        if secs <= 0.0 {
+            0.0
+        } else {
+            self.ok as f64 / secs
+        }
+    }
+
+    /// The `p`th percentile latency in milliseconds (nearest rank).
+    pub fn latency_ms(&self, p: f64) -> f64 {
+        stats::percentile_sorted(&self.latencies_us, p).map_or(0.0, |us| f64::from(us) / 1000.0)
+    }
+
+    /// Fails when more than `max_error_ratio` of the attempts failed or nothing succeeded:
+    /// a throughput measured mostly on errors would not mean what it says.
+    pub fn check(&self, what: &str, max_error_ratio: f64) -> Result<()> {
+        let too_many = self.errors as f64 > max_error_ratio * self.attempts.max(1) as f64;
+        if self.ok == 0 || too_many {
+            return Err(BenchError::LoadErrors {
+                what: what.to_string(),
+                errors: self.errors,
+                attempts: self.attempts,
+                first_failure: self
+                    .first_failure
+                    .clone()
+                    .unwrap_or_else(|| "no request completed in the measured window".into()),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Per-connection tallies, merged into a [`LoadReport`].
+#[derive(Debug, Default)]
+struct Tally {
+    ok: u64,
+    errors: u64,
+    attempts: u64,
+    first_failure: Option<String>,
+    latencies_us: Vec<u32>,
+}
+
+impl Tally {
+    fn fail(&mut self, why: String) {
+        self.errors += 1;
+        self.first_failure.get_or_insert(why);
+    }
+}
+
+/// Opens one HTTP/1.1 connection to `endpoint`; the connection is driven by a spawned task
+/// that ends when the connection closes.
+pub async fn connect(endpoint: &Endpoint) -> Result<SendRequest<Full<Bytes>>> {
+    let connect_err = |source| BenchError::Connect {
+        endpoint: endpoint.to_string(),
+        source,
+    };
+    let http_err = |source| BenchError::Http {
+        endpoint: endpoint.to_string(),
+        source,
+    };
+    match endpoint {
+        Endpoint::Tcp(addr) => {
+            let stream = TcpStream::connect(addr).await.map_err(connect_err)?;
+            // Small request/response pairs: Nagle would add delayed-ACK stalls to both sides.
+            stream.set_nodelay(true).map_err(connect_err)?;
+            let (sender, conn) = http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(http_err)?;
+            tokio::spawn(conn);
+            Ok(sender)
+        }
+        Endpoint::Unix(path) => {
+            let stream = UnixStream::connect(path).await.map_err(connect_err)?;
+            let (sender, conn) = http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(http_err)?;
+            tokio::spawn(conn);
+            Ok(sender)
+        }
+    }
+}
+
+/// Sends one request on a fresh connection and returns its status and body; for probes.
+pub async fn request_once(endpoint: &Endpoint, template: &RequestTemplate) -> Result<(u16, Bytes)> {
+    let mut sender = connect(endpoint).await?;
+    let exchange = async {
+        let resp = sender
+            .send_request(template.build()?)
+            .await
+            .map_err(|source| BenchError::Http {
+                endpoint: endpoint.to_string(),
+                source,
+            })?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|source| BenchError::Http {
+                endpoint: endpoint.to_string(),
+                source,
+            })?
+            .to_bytes();
+        Ok((status, body))
+    };
+    tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+        .await
+        .map_err(|_| BenchError::Timeout {
+            what: format!("a response from {endpoint}"),
+            waited: REQUEST_TIMEOUT,
+        })?
+}
+
+/// Runs `spec.connections` closed loops against `endpoint` for `warmup + duration`.
+///
+/// Only requests that both start after the warm-up and finish before the end are counted,
+/// so the figure is the steady state, not the ramp-up or the tail.
+pub async fn run(
+    endpoint: &Endpoint,
+    template: &RequestTemplate,
+    spec: LoadSpec,
+) -> Result<LoadReport> {
+    // Build the request once up front so a malformed template fails before any load.
+    template.build()?;
+    let start = Instant::now();
+    let measure_from = start + spec.warmup;
+    let until = measure_from + spec.duration;
+    let mut tasks = Vec::with_capacity(spec.connections);
+    for _ in 0..spec.connections.max(1) {
+        let endpoint = endpoint.clone();
+        let template = template.clone();
+        tasks.push(tokio::spawn(async move {
+            connection_loop(&endpoint, &template, measure_from, until).await
+        }));
+    }
+    let mut report = LoadReport {
+        window: spec.duration,
+        ..LoadReport::default()
+    };
+    for task in tasks {
+        let tally = task
+            .await
+            .map_err(|e| BenchError::Setup(format!("a load connection task failed: {e}")))?;
+        report.ok += tally.ok;
+        report.errors += tally.errors;
+        report.attempts += tally.attempts;
+        if report.first_failure.is_none() {
+            report.first_failure = tally.first_failure;
+        }
+        report.latencies_us.extend(tally.latencies_us);
+    }
+    report.latencies_us.sort_unstable();
+    Ok(report)
+}
+
+/// One target of [`compare`]: a name for messages, where, and what to send.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub name: String,
+    pub endpoint: Endpoint,
+    pub request: RequestTemplate,
+}
+
+/// Runs the targets in alternating rounds (A, B, A, B, ...) and sums each target's rounds.
+///
+/// On a small machine shared with other work, throughput drifts over seconds; alternating
+/// short rounds exposes every target to the same drift, so their ratio is fairer than that of
+/// two long back-to-back runs. The first round of each target warms up for `spec.warmup`,
+/// later ones only long enough to reconnect; each round measures `spec.duration / rounds`.
+pub async fn compare(targets: &[Target], spec: LoadSpec, rounds: u32) -> Result<Vec<LoadReport>> {
+    let rounds = rounds.max(1);
+    let mut reports = vec![LoadReport::default(); targets.len()];
+    for round in 0..rounds {
+        for (target, total) in targets.iter().zip(reports.iter_mut()) {
+            let round_spec = LoadSpec {
+                connections: spec.connections,
+                warmup: if round == 0 {
+                    spec.warmup
+                } else {
+                    spec.warmup.min(REWARM)
+                },
+                duration: spec.duration / rounds,
+            };
+            let report = run(&target.endpoint, &target.request, round_spec).await?;
+            total.merge(report);
+        }
+    }
+    for report in &mut reports {
+        report.latencies_us.sort_unstable();
+    }
+    Ok(reports)
+}
+
+/// The warm-up of every round of [`compare`] after the first: connections are new, the
+/// servers are not.
+const REWARM: Duration = Duration::from_millis(100);
+
+impl LoadReport {
+    /// Adds another run's counts, window and latencies (left unsorted; sort after merging).
+    fn merge(&mut self, other: LoadReport) {
+        self.ok += other.ok;
+        self.errors += other.errors;
+        self.attempts += other.attempts;
+        if self.first_failure.is_none() {
+            self.first_failure = other.first_failure;
+        }
+        self.window += other.window;
+        self.latencies_us.extend(other.latencies_us);
+    }
+}
+
+/// One connection's loop: send, wait, record, repeat until `until`; reconnect when the
+/// server closes the connection.
+async fn connection_loop(
+    endpoint: &Endpoint,
+    template: &RequestTemplate,
+    measure_from: Instant,
+    until: Instant,
+) -> Tally {
+    let mut tally = Tally::default();
+    let mut sender: Option<SendRequest<Full<Bytes>>> = None;
+    let mut connect_failures = 0u32;
+    while Instant::now() < until {
+        let mut current = match sender.take() {
+            Some(s) if !s.is_closed() => s,
+            _ => match connect(endpoint).await {
+                Ok(s) => {
+                    connect_failures = 0;
+                    s
+                }
+                Err(e) => {
+                    tally.attempts += 1;
+                    tally.fail(error_chain(&e));
+                    connect_failures += 1;
+                    if connect_failures >= MAX_CONNECT_FAILURES {
+                        break;
+                    }
+                    // Back off briefly so a refusing endpoint is not hammered in a hot loop.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+            },
+        };
+        if current.ready().await.is_err() {
+            // The server closed the idle connection; a new one is made on the next turn.
+            continue;
+        }
+        let request = match template.build() {
+            Ok(r) => r,
+            Err(e) => {
+                tally.fail(error_chain(&e));
+                break;
+            }
+        };
+        tally.attempts += 1;
+        let sent = Instant::now();
+        let exchange = async {
+            let resp = current.send_request(request).await?;
+            let status = resp.status();
+            let body = resp.into_body().collect().await?.to_bytes();
+            Ok::<_, hyper::Error>((status, body))
+        };
+        match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
+            Ok(Ok((status, body))) => {
+                let done = Instant::now();
+                if !status.is_success() {
+                    tally.fail(format!(
+                        "status {status}: {}",
+                        String::from_utf8_lossy(&body[..body.len().min(200)])
+                    ));
+                } else if sent >= measure_from && done <= until {
+                    tally.ok += 1;
+                    let us = done.duration_since(sent).as_micros();
+                    tally
+                        .latencies_us
+                        .push(u32::try_from(us).unwrap_or(u32::MAX));
+                }
+                sender = Some(current);
+            }
+            Ok(Err(e)) => tally.fail(format!("{e}")),
+            Err(_) => tally.fail(format!("no response within {REQUEST_TIMEOUT:?}")),
+        }
+    }
+    tally
+}
+
+/// An error with its sources, on one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use hyper::body::Incoming;
+    use hyper::service::service_fn;
+    use hyper::{Response, StatusCode};
+    use tokio::net::{TcpListener, UnixListener};
+
+    use super::*;
+
+    /// Serves every connection with `status` and an echo of the request, counting requests.
+    fn serve<S>(stream: S, status: StatusCode, seen: Arc<AtomicU64>)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let seen = seen.clone();
+                async move {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    let method = req.method().to_string();
+                    let body = req.into_body().collect().await?.to_bytes();
+                    let text = format!("{method} {}", String::from_utf8_lossy(&body));
+                    Ok::<_, hyper::Error>(
+                        Response::builder()
+                            .status(status)
+                            .body(Full::new(Bytes::from(text)))
+                            .expect("valid response"),
+                    )
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+
+    async fn tcp_server(status: StatusCode) -> (Endpoint, Arc<AtomicU64>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let seen = Arc::new(AtomicU64::new(0));
+        let counter = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                serve(stream, status, counter.clone());
+            }
+        });
+        (Endpoint::Tcp(addr), seen)
+    }
+
+    const SHORT: LoadSpec = LoadSpec {
+        connections: 3,
+        warmup: Duration::from_millis(50),
+        duration: Duration::from_millis(200),
+    };
+
+    #[tokio::test]
+    async fn counts_successes_in_the_window_only() {
+        let (endpoint, seen) = tcp_server(StatusCode::OK).await;
+        let report = run(&endpoint, &RequestTemplate::get("/x"), SHORT)
+            .await
+            .expect("run");
+        assert!(report.ok > 0, "{report:?}");
+        assert_eq!(report.errors, 0);
+        assert!(report.first_failure.is_none());
+        // Warm-up requests were sent but not counted.
+        assert!(seen.load(Ordering::SeqCst) > report.ok);
+        assert_eq!(report.latencies_us.len() as u64, report.ok);
+        assert!(report.latencies_us.windows(2).all(|w| w[0] <= w[1]));
+        assert!((report.rps() - report.ok as f64 / 0.2).abs() < 1e-6);
+        report.check("tcp", 0.0).expect("no errors");
+    }
+
+    #[tokio::test]
+    async fn non_success_statuses_are_errors() {
+        let (endpoint, _) = tcp_server(StatusCode::SERVICE_UNAVAILABLE).await;
+        let report = run(&endpoint, &RequestTemplate::get("/"), SHORT)
+            .await
+            .expect("run");
+        assert_eq!(report.ok, 0);
+        assert!(report.errors > 0);
+        assert!(
+            report
+                .first_failure
+                .as_deref()
+                .is_some_and(|f| f.contains("503")),
+            "{report:?}"
+        );
+        let err = report.check("busy", 0.5).expect_err("all failed");
+        assert!(err.to_string().contains("busy"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn posts_json_over_a_unix_socket() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let seen = Arc::new(AtomicU64::new(0));
+        let counter = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                serve(stream, StatusCode::OK, counter.clone());
+            }
+        });
+        let endpoint = Endpoint::Unix(path);
+        let template = RequestTemplate::post_json("/_sless/invoke", &serde_json::json!({"a": 1}));
+        let (status, body) = request_once(&endpoint, &template).await.expect("probe");
+        assert_eq!(status, 200);
+        assert_eq!(&body[..], br#"POST {"a":1}"#);
+        let report = run(&endpoint, &template, SHORT).await.expect("run");
+        assert!(report.ok > 0 && report.errors == 0, "{report:?}");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_endpoint_fails_without_hanging() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let endpoint = Endpoint::Unix(dir.path().join("nobody.sock"));
+        let report = run(&endpoint, &RequestTemplate::get("/"), SHORT)
+            .await
+            .expect("run");
+        assert_eq!(report.ok, 0);
+        assert!(report.errors > 0);
+        assert!(report.check("nobody", 1.0).is_err());
+        assert!(
+            request_once(&endpoint, &RequestTemplate::get("/"))
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn compare_alternates_and_sums_rounds() {
+        let (fast, fast_seen) = tcp_server(StatusCode::OK).await;
+        let (busy, _) = tcp_server(StatusCode::SERVICE_UNAVAILABLE).await;
+        let targets = [
+            Target {
+                name: "fast".into(),
+                endpoint: fast,
+                request: RequestTemplate::get("/"),
+            },
+            Target {
+                name: "busy".into(),
+                endpoint: busy,
+                request: RequestTemplate::get("/"),
+            },
+        ];
+        let reports = compare(&targets, SHORT, 2).await.expect("compare");
+        assert_eq!(reports.len(), 2);
+        // Two rounds of half the duration each add up to the whole window.
+        assert_eq!(reports[0].window, SHORT.duration);
+        assert!(reports[0].ok > 0 && reports[0].errors == 0);
+        assert!(reports[0].latencies_us.windows(2).all(|w| w[0] <= w[1]));
+        assert!(fast_seen.load(Ordering::SeqCst) >= reports[0].ok);
+        assert_eq!(reports[1].ok, 0);
+        assert!(reports[1].errors > 0);
+    }
+
+    #[test]
+    fn percentiles_of_a_report() {
+        let report = LoadReport {
+            ok: 4,
+            window: Duration::from_secs(2),
+            latencies_us: vec![1000, 2000, 3000, 40_000],
+            ..LoadReport::default()
+        };
+        assert_eq!(report.rps(), 2.0);
+        assert_eq!(report.latency_ms(50.0), 2.0);
+        assert_eq!(report.latency_ms(99.0), 40.0);
+    }
+}

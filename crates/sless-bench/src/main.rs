@@ -1,0 +1,453 @@
+//! `sless-bench`: starts a `sless serve`, measures deploys, cold starts, warm throughput and
+//! scaling against baselines taken in the same run, and prints a table and `key=value` lines.
+
+mod code;
+mod error;
+mod load;
+mod measure;
+mod procs;
+mod stats;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::error::{BenchError, Result};
+use crate::measure::{ColdRuntime, Plan};
+use crate::procs::{Server, ServerConfig};
+use crate::stats::Figures;
+
+/// Measures a sless server against baselines in one run; prints a markdown table and one
+/// `key=value` line per figure on stdout, progress on stderr.
+#[derive(Debug, Parser)]
+#[command(name = "sless-bench", version)]
+struct Options {
+    /// Fewer runs and shorter load: a smoke test of the bench, not figures to quote.
+    #[arg(long)]
+    quick: bool,
+    /// Measure only these figures (comma-separated keys, e.g. `cold_ms_p50_python,scale_ratio`).
+    /// Figures measured together (and those a target refers to) come along.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// The `sless` binary to start; default: `sless` next to this program.
+    #[arg(long, env = "SLESS_BENCH_SLESS")]
+    sless: Option<PathBuf>,
+    /// The Python interpreter functions run with (and the baselines).
+    #[arg(long, env = "SLESS_BENCH_PYTHON", default_value = "/usr/bin/python3")]
+    python: PathBuf,
+    /// The Node.js interpreter functions run with (and the plain Node baseline).
+    #[arg(long, env = "SLESS_BENCH_NODE", default_value = "/usr/bin/node")]
+    node: PathBuf,
+    /// bubblewrap, which the server's sandbox needs.
+    #[arg(long, env = "SLESS_BENCH_BWRAP", default_value = "/usr/bin/bwrap")]
+    bwrap: PathBuf,
+    /// The repository checkout, for `runtimes/python/sless_runtime.py`; default: the one this
+    /// program was built from.
+    #[arg(long, env = "SLESS_BENCH_REPO")]
+    repo: Option<PathBuf>,
+    /// Concurrent keep-alive connections of every load run.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    connections: u16,
+}
+
+/// A set of figures measured together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Group {
+    Rss,
+    Bare,
+    Deploy,
+    ColdPython,
+    ColdNode,
+    WarmNode,
+    PythonShim,
+    Scale,
+}
+
+impl Group {
+    const ALL: [Group; 8] = [
+        Group::Rss,
+        Group::Bare,
+        Group::Deploy,
+        Group::ColdPython,
+        Group::ColdNode,
+        Group::WarmNode,
+        Group::PythonShim,
+        Group::Scale,
+    ];
+
+    /// The group that measures `key`.
+    fn of(key: &str) -> Option<Group> {
+        Some(match key {
+            "server_rss_mb_idle" => Group::Rss,
+            "bare_python_ms_p50" => Group::Bare,
+            "deploy_ms_p50" => Group::Deploy,
+            "cold_ms_p50_python" | "cold_ms_p99_python" => Group::ColdPython,
+            "cold_ms_p50_node" => Group::ColdNode,
+            "warm_rps_direct"
+            | "warm_rps_gateway"
+            | "gateway_ratio"
+            | "warm_p50_ms_gateway"
+            | "warm_p99_ms_gateway"
+            | "gateway_vs_plain_node" => Group::WarmNode,
+            "python_shim_ratio" => Group::PythonShim,
+            "scale_ratio" => Group::Scale,
+            _ => return None,
+        })
+    }
+
+    /// Whether the group needs a running `sless serve`.
+    fn needs_server(self) -> bool {
+        !matches!(self, Group::Bare | Group::PythonShim)
+    }
+}
+
+/// What `--only` selects: the groups of the keys, plus the bare Python figure that the
+/// deploy and cold-start targets are relative to. Empty selects everything.
+fn select(only: &[String]) -> Result<(BTreeSet<Group>, bool)> {
+    let keys: Vec<&str> = only
+        .iter()
+        .map(|k| k.trim())
+        .filter(|k| !k.is_empty())
+        .collect();
+    if keys.is_empty() {
+        return Ok((Group::ALL.into_iter().collect(), true));
+    }
+    let mut groups = BTreeSet::new();
+    for key in &keys {
+        let group = Group::of(key).ok_or_else(|| {
+            let known: Vec<&str> = stats::FIGURES.iter().map(|(k, _, _)| *k).collect();
+            BenchError::Usage(format!(
+                "unknown figure {key:?} in --only; known: {}",
+                known.join(", ")
+            ))
+        })?;
+        groups.insert(group);
+    }
+    if groups.contains(&Group::Deploy) || groups.contains(&Group::ColdPython) {
+        groups.insert(Group::Bare);
+    }
+    let plain_node = keys.contains(&"gateway_vs_plain_node");
+    Ok((groups, plain_node))
+}
+
+/// Fails with a clear message when a program the selected groups need is missing.
+fn preflight(opts: &Options, sless: &Path, shim: &Path, groups: &BTreeSet<Group>) -> Result<()> {
+    let needs_server = groups.iter().any(|g| g.needs_server());
+    let mut checks: Vec<(&'static str, &Path, &'static str)> = vec![(
+        "Python interpreter",
+        &opts.python,
+        "install python3 (apt-get install python3) or pass --python",
+    )];
+    if needs_server {
+        checks.push((
+            "sless binary",
+            sless,
+            "build it with `cargo build --release -p sless` or pass --sless",
+        ));
+        checks.push((
+            "bubblewrap",
+            &opts.bwrap,
+            "the sandbox needs it: apt-get install bubblewrap, or pass --bwrap",
+        ));
+    }
+    if needs_server || groups.contains(&Group::WarmNode) {
+        checks.push((
+            "Node.js interpreter",
+            &opts.node,
+            "install nodejs (apt-get install nodejs) or pass --node",
+        ));
+    }
+    if groups.contains(&Group::PythonShim) {
+        checks.push((
+            "Python runtime shim",
+            shim,
+            "pass --repo with the sless checkout that holds runtimes/python/sless_runtime.py",
+        ));
+    }
+    for (what, path, hint) in checks {
+        if !path.is_file() {
+            return Err(BenchError::MissingTool {
+                what,
+                path: path.to_path_buf(),
+                hint,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The `sless` binary next to this one (both are built into `target/release`).
+fn default_sless() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("sless")))
+        .unwrap_or_else(|| PathBuf::from("target/release/sless"))
+}
+
+/// What a run measures and with which programs, resolved from the options.
+struct Setup<'a> {
+    opts: &'a Options,
+    groups: BTreeSet<Group>,
+    /// Whether to run the plain Node baseline (only `gateway_vs_plain_node` needs it).
+    plain_node: bool,
+    sless: PathBuf,
+    shim: PathBuf,
+    /// The run's own temporary directory (server data, baselines' code and sockets).
+    scratch: &'a Path,
+}
+
+/// Runs the selected measurements, starting the server when the first one needs it.
+/// The server is left in `slot` so the caller stops it whatever happens here.
+async fn measure_all(
+    setup: &Setup<'_>,
+    slot: &mut Option<Server>,
+    figures: &mut Figures,
+) -> Result<()> {
+    let Setup {
+        opts,
+        groups,
+        plain_node,
+        sless,
+        shim,
+        scratch,
+    } = setup;
+    let (plain_node, scratch) = (*plain_node, *scratch);
+    let plan = Plan::new(opts.quick, usize::from(opts.connections));
+    // Order: the idle RSS first (nothing deployed yet), baselines next, then the platform.
+    for group in groups {
+        if group.needs_server() && slot.is_none() {
+            let server = Server::start(&ServerConfig {
+                binary: sless,
+                python: &opts.python,
+                node: &opts.node,
+                scratch,
+            })
+            .await?;
+            eprintln!("sless-bench: sless serve listening on {}", server.addr);
+            *slot = Some(server);
+        }
+        if let Some(server) = slot.as_mut() {
+            // A server that died under a previous measurement would make every later one
+            // fail with a confusing connection error; say what happened instead.
+            server.check_running()?;
+        }
+        let server = slot.as_ref();
+        match group {
+            Group::Rss => measure::server_rss(need(server)?, figures).await?,
+            Group::Bare => measure::bare_python(&opts.python, plan.bare_runs, figures).await?,
+            Group::Deploy => measure::deploy(need(server)?, plan.deploy_runs, figures).await?,
+            Group::ColdPython => {
+                measure::cold(need(server)?, ColdRuntime::Python, plan.cold_runs, figures).await?
+            }
+            Group::ColdNode => {
+                measure::cold(need(server)?, ColdRuntime::Node, plan.cold_runs, figures).await?
+            }
+            Group::WarmNode => {
+                measure::warm_node(
+                    need(server)?,
+                    &opts.node,
+                    scratch,
+                    &plan,
+                    plain_node,
+                    figures,
+                )
+                .await?
+            }
+            Group::PythonShim => {
+                measure::python_shim(&opts.python, shim, scratch, &plan, figures).await?
+            }
+            Group::Scale => measure::scale(need(server)?, &plan, figures).await?,
+        }
+    }
+    Ok(())
+}
+
+/// The server, for a group that needs one (started before it by `measure_all`).
+fn need(server: Option<&Server>) -> Result<&Server> {
+    server.ok_or_else(|| BenchError::Setup("no server was started".into()))
+}
+
+/// SIGINT, SIGTERM and SIGHUP, watched from the start of the run so none of them kills the
+/// bench before it has stopped what it started.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals> {
+        let watch =
+            |kind: SignalKind, name: &str| signal(kind).map_err(error::io(format!("watch {name}")));
+        Ok(Signals {
+            int: watch(SignalKind::interrupt(), "SIGINT")?,
+            term: watch(SignalKind::terminate(), "SIGTERM")?,
+            hup: watch(SignalKind::hangup(), "SIGHUP")?,
+        })
+    }
+
+    /// Resolves with the name of the first signal that arrives.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.int.recv() => "SIGINT",
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.hup.recv() => "SIGHUP",
+        }
+    }
+}
+
+/// The whole run: checks, measurements, and stopping the server whatever happened.
+/// Returns the figures measured, and the error that ended the run early, if any.
+async fn run(opts: &Options) -> (Figures, Result<()>) {
+    let mut figures = Figures::default();
+    let outcome = async {
+        let mut signals = Signals::install()?;
+        let (groups, plain_node) = select(&opts.only)?;
+        let sless = opts.sless.clone().unwrap_or_else(default_sless);
+        let repo = opts
+            .repo
+            .clone()
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
+        let shim = repo.join("runtimes/python/sless_runtime.py");
+        preflight(opts, &sless, &shim, &groups)?;
+        let scratch = tempfile::Builder::new()
+            .prefix("sless-bench-")
+            .tempdir()
+            .map_err(error::io("create a scratch directory"))?;
+        let setup = Setup {
+            opts,
+            groups,
+            plain_node,
+            sless,
+            shim,
+            scratch: scratch.path(),
+        };
+        let mut slot = None;
+        let measured = tokio::select! {
+            result = measure_all(&setup, &mut slot, &mut figures) => result,
+            name = signals.recv() => Err(BenchError::Interrupted(name)),
+        };
+        let stopped = match slot.as_mut() {
+            Some(server) => {
+                eprintln!("sless-bench: stopping sless serve");
+                server.stop().await
+            }
+            None => Ok(()),
+        };
+        measured.and(stopped)
+    }
+    .await;
+    (figures, outcome)
+}
+
+fn main() -> ExitCode {
+    let opts = Options::parse();
+    // Two workers: the machine this runs on has two cores, shared with the server under
+    // test and its instances, so a bigger pool would only add contention.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sless-bench: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (figures, outcome) = runtime.block_on(run(&opts));
+    if !figures.is_empty() {
+        println!("{}", figures.table());
+        print!("{}", figures.key_values());
+    }
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sless-bench: error: {}", load::error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_figure_belongs_to_a_group() {
+        for (key, _, _) in stats::FIGURES {
+            assert!(Group::of(key).is_some(), "{key} has no group");
+        }
+    }
+
+    #[test]
+    fn no_selection_means_everything() {
+        let (groups, plain) = select(&[]).expect("select");
+        assert_eq!(groups.len(), Group::ALL.len());
+        assert!(plain);
+    }
+
+    #[test]
+    fn relative_targets_bring_their_reference() {
+        let (groups, plain) = select(&["deploy_ms_p50".into()]).expect("select");
+        assert_eq!(
+            groups.into_iter().collect::<Vec<_>>(),
+            vec![Group::Bare, Group::Deploy]
+        );
+        assert!(!plain);
+        let (groups, plain) =
+            select(&["scale_ratio".into(), " gateway_vs_plain_node ".into()]).expect("select");
+        assert_eq!(
+            groups.into_iter().collect::<Vec<_>>(),
+            vec![Group::WarmNode, Group::Scale]
+        );
+        assert!(plain);
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_the_known_ones() {
+        let err = select(&["warp_speed".into()]).expect_err("unknown");
+        let text = err.to_string();
+        assert!(
+            text.contains("warp_speed") && text.contains("scale_ratio"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn missing_programs_are_named_with_a_hint() {
+        let opts = Options::parse_from([
+            "sless-bench",
+            "--python",
+            "/nonexistent/python3",
+            "--only",
+            "bare_python_ms_p50",
+        ]);
+        let (groups, _) = select(&opts.only).expect("select");
+        let err = preflight(&opts, Path::new("/x"), Path::new("/y"), &groups).expect_err("missing");
+        let text = err.to_string();
+        assert!(
+            text.contains("/nonexistent/python3") && text.contains("--python"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn options_parse() {
+        let opts = Options::parse_from([
+            "sless-bench",
+            "--quick",
+            "--only",
+            "a,b",
+            "--connections",
+            "4",
+        ]);
+        assert!(opts.quick);
+        assert_eq!(opts.only, vec!["a", "b"]);
+        assert_eq!(opts.connections, 4);
+        assert!(Options::try_parse_from(["sless-bench", "--connections", "0"]).is_err());
+    }
+}

@@ -1,0 +1,427 @@
+//! Invocation records off the invoke path: [`Recorder::record`] hands a record to a
+//! bounded channel without waiting, and one background task writes them to the
+//! [`InvocationStore`] in batches (up to `batch_size` records, or whatever arrived
+//! within `batch_interval` of the first). When the channel is full the record is
+//! dropped and counted: recording must never slow or fail an invocation.
+//! [`spawn_retention`] prunes old records.
+
+mod id;
+mod invocation;
+mod retention;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sless_store::InvocationStore;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+pub use id::new_id;
+pub use invocation::{Invocation, MAX_ERROR_LEN, handler_error};
+pub use retention::{Retention, spawn_retention};
+/// The record types, so invokers need not depend on the store.
+pub use sless_store::{InvocationRecord, InvocationSource};
+
+/// Errors of the recorder.
+#[derive(Debug, thiserror::Error)]
+pub enum RecorderError {
+    /// The writer task is gone (the runtime is shutting down, or it panicked), so
+    /// nothing more can be written.
+    #[error("the invocation record writer has stopped")]
+    Stopped,
+}
+
+/// How the recorder buffers and batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecorderConfig {
+    /// Records that may wait to be written; more are dropped.
+    pub capacity: usize,
+    /// Most records written in one transaction.
+    pub batch_size: usize,
+    /// Longest a record waits for others to share its batch.
+    pub batch_interval: Duration,
+}
+
+impl Default for RecorderConfig {
+    fn default() -> Self {
+        Self {
+            capacity: 100_000,
+            batch_size: 500,
+            batch_interval: Duration::from_millis(200),
+        }
+    }
+}
+
+/// Drops are reported in the log at most this often.
+const DROP_WARNING_EVERY: Duration = Duration::from_secs(60);
+
+enum Message {
+    Record(InvocationRecord),
+    /// Write everything received so far, then answer.
+    Flush(oneshot::Sender<()>),
+}
+
+/// Buffers invocation records and writes them in the background.
+pub struct Recorder {
+    tx: mpsc::Sender<Message>,
+    stats: Arc<Stats>,
+    /// When drops were last reported in the log.
+    last_drop_warning: Mutex<Option<Instant>>,
+}
+
+#[derive(Default)]
+struct Stats {
+    dropped: AtomicU64,
+    failed: AtomicU64,
+    written: AtomicU64,
+}
+
+impl Recorder {
+    /// Starts the writer task (on the current Tokio runtime). It ends once the
+    /// recorder is dropped and every buffered record is written.
+    pub fn start(store: Arc<dyn InvocationStore>, config: RecorderConfig) -> Arc<Self> {
+        let (tx, rx) = mpsc::channel(config.capacity.max(1));
+        let stats = Arc::new(Stats::default());
+        tokio::spawn(write_loop(rx, store, config, stats.clone()));
+        Arc::new(Self {
+            tx,
+            stats,
+            last_drop_warning: Mutex::new(None),
+        })
+    }
+
+    /// Queues a record for writing. Never waits: when the buffer is full the
+    /// record is dropped and counted (see [`Recorder::dropped`]).
+    pub fn record(&self, record: InvocationRecord) {
+        match self.tx.try_send(Message::Record(record)) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                let dropped = self.stats.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+                self.warn_dropped(dropped);
+            }
+            // The writer is gone only when the runtime is going down.
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Waits until every record queued before this call has been written (or
+    /// failed to be). For shutdown, and for tests.
+    pub async fn flush(&self) -> Result<(), RecorderError> {
+        let (done, wait) = oneshot::channel();
+        self.tx
+            .send(Message::Flush(done))
+            .await
+            .map_err(|_| RecorderError::Stopped)?;
+        wait.await.map_err(|_| RecorderError::Stopped)
+    }
+
+    /// Records dropped because the buffer was full.
+    pub fn dropped(&self) -> u64 {
+        self.stats.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Records lost because the store failed to write their batch.
+    pub fn failed(&self) -> u64 {
+        self.stats.failed.load(Ordering::Relaxed)
+    }
+
+    /// Records written.
+    pub fn written(&self) -> u64 {
+        self.stats.written.load(Ordering::Relaxed)
+    }
+
+    fn warn_dropped(&self, total: u64) {
+        // A contended lock means another caller is reporting right now.
+        let Ok(mut last) = self.last_drop_warning.try_lock() else {
+            return;
+        };
+        let now = Instant::now();
+        if last.is_some_and(|t| now.duration_since(t) < DROP_WARNING_EVERY) {
+            return;
+        }
+        *last = Some(now);
+        tracing::warn!(
+            dropped_total = total,
+            "invocation records are arriving faster than they can be written; dropping some"
+        );
+    }
+}
+
+async fn write_loop(
+    mut rx: mpsc::Receiver<Message>,
+    store: Arc<dyn InvocationStore>,
+    config: RecorderConfig,
+    stats: Arc<Stats>,
+) {
+    let batch_size = config.batch_size.max(1);
+    let mut batch: Vec<InvocationRecord> = Vec::with_capacity(batch_size);
+    let mut flushes: Vec<oneshot::Sender<()>> = Vec::new();
+    let mut inbox: Vec<Message> = Vec::with_capacity(batch_size);
+    let mut open = true;
+    while open {
+        // A batch starts with its first message and gathers more until it is
+        // full, its interval has passed, or someone asks for a flush.
+        let Some(first) = rx.recv().await else {
+            break;
+        };
+        let deadline = Instant::now() + config.batch_interval;
+        inbox.push(first);
+        loop {
+            for message in inbox.drain(..) {
+                match message {
+                    Message::Record(r) => batch.push(r),
+                    Message::Flush(done) => flushes.push(done),
+                }
+            }
+            if batch.len() >= batch_size || !flushes.is_empty() {
+                break;
+            }
+            tokio::select! {
+                received = rx.recv_many(&mut inbox, batch_size - batch.len()) => {
+                    if received == 0 {
+                        open = false;
+                        break;
+                    }
+                }
+                () = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        write(&*store, &mut batch, &stats).await;
+        for done in flushes.drain(..) {
+            let _ = done.send(());
+        }
+    }
+}
+
+async fn write(store: &dyn InvocationStore, batch: &mut Vec<InvocationRecord>, stats: &Stats) {
+    if batch.is_empty() {
+        return;
+    }
+    let n = batch.len() as u64;
+    match store.insert_batch(batch).await {
+        Ok(()) => {
+            stats.written.fetch_add(n, Ordering::Relaxed);
+        }
+        Err(e) => {
+            // Not retried: the next batch is already waiting, and records are
+            // observability, not data the user handed us.
+            stats.failed.fetch_add(n, Ordering::Relaxed);
+            tracing::warn!(error = %e, records = n, "could not write invocation records");
+        }
+    }
+    batch.clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_trait::async_trait;
+    use sless_store::{InvocationFilter, InvocationSource, StoreError};
+    use tokio::sync::{Notify, Semaphore};
+
+    /// Remembers each batch; writes wait for a permit when `gated`.
+    #[derive(Default)]
+    struct FakeStore {
+        batches: Mutex<Vec<Vec<InvocationRecord>>>,
+        written: Notify,
+        gate: Option<Semaphore>,
+        fail: bool,
+        prunes: AtomicU64,
+    }
+
+    impl FakeStore {
+        fn sizes(&self) -> Vec<usize> {
+            self.batches.lock().unwrap().iter().map(Vec::len).collect()
+        }
+    }
+
+    #[async_trait]
+    impl InvocationStore for FakeStore {
+        async fn insert_batch(&self, records: &[InvocationRecord]) -> sless_store::Result<()> {
+            if let Some(gate) = &self.gate {
+                gate.acquire().await.unwrap().forget();
+            }
+            if self.fail {
+                return Err(StoreError::NotFound {
+                    kind: "table",
+                    name: "invocations".into(),
+                });
+            }
+            self.batches.lock().unwrap().push(records.to_vec());
+            self.written.notify_waiters();
+            Ok(())
+        }
+        async fn list(
+            &self,
+            _: &str,
+            _: &InvocationFilter,
+        ) -> sless_store::Result<Vec<InvocationRecord>> {
+            Ok(Vec::new())
+        }
+        async fn prune(&self, _: Duration, _: u64) -> sless_store::Result<u64> {
+            self.prunes.fetch_add(1, Ordering::Relaxed);
+            Ok(0)
+        }
+    }
+
+    fn rec(i: usize) -> InvocationRecord {
+        Invocation::start("team", "f", InvocationSource::Http, &format!("req-{i}"))
+            .finish_with(1, 200, false, None)
+    }
+
+    fn config(capacity: usize) -> RecorderConfig {
+        RecorderConfig {
+            capacity,
+            ..RecorderConfig::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_batches_are_written_at_once_and_flush_writes_the_rest() {
+        let store = Arc::new(FakeStore::default());
+        let recorder = Recorder::start(store.clone(), config(10_000));
+        let start = Instant::now();
+        for i in 0..1200 {
+            recorder.record(rec(i));
+        }
+        recorder.flush().await.unwrap();
+        assert_eq!(store.sizes(), [500, 500, 200]);
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "neither full batches nor a flush wait for the timer"
+        );
+        let batches = store.batches.lock().unwrap();
+        let order: Vec<&str> = batches
+            .iter()
+            .flatten()
+            .map(|r| r.request_id.as_str())
+            .collect();
+        assert_eq!(order[0], "req-0");
+        assert_eq!(order[1199], "req-1199");
+        assert_eq!((recorder.written(), recorder.dropped()), (1200, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_record_is_written_when_its_interval_ends() {
+        let store = Arc::new(FakeStore::default());
+        let recorder = Recorder::start(store.clone(), config(100));
+        let start = Instant::now();
+        let written = store.written.notified();
+        recorder.record(rec(0));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        recorder.record(rec(1));
+        assert!(
+            store.sizes().is_empty(),
+            "nothing is written before the interval ends"
+        );
+        // The paused clock jumps to the writer's deadline once everything is idle.
+        written.await;
+        assert_eq!(start.elapsed(), Duration::from_millis(200));
+        assert_eq!(
+            store.sizes(),
+            [2],
+            "the second record joined the first one's batch"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_buffer_drops_without_waiting() {
+        let store = Arc::new(FakeStore {
+            gate: Some(Semaphore::new(0)),
+            ..FakeStore::default()
+        });
+        let recorder = Recorder::start(store.clone(), config(10));
+        recorder.record(rec(0));
+        // Let the writer take the first record and block inside the store.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let start = Instant::now();
+        for i in 1..=25 {
+            recorder.record(rec(i));
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(recorder.dropped(), 15, "10 fit in the buffer, 15 did not");
+        store.gate.as_ref().unwrap().add_permits(100);
+        recorder.flush().await.unwrap();
+        assert_eq!(store.sizes().iter().sum::<usize>(), 11);
+        assert_eq!(recorder.written(), 11);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_writes_are_counted_and_later_flushes_still_answer() {
+        let store = Arc::new(FakeStore {
+            fail: true,
+            ..FakeStore::default()
+        });
+        let recorder = Recorder::start(store, config(100));
+        recorder.record(rec(0));
+        recorder.record(rec(1));
+        recorder.flush().await.unwrap();
+        assert_eq!((recorder.failed(), recorder.written()), (2, 0));
+        recorder.flush().await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_writer_writes_what_is_left_when_the_recorder_goes() {
+        let store = Arc::new(FakeStore::default());
+        let recorder = Recorder::start(store.clone(), config(100));
+        let written = store.written.notified();
+        recorder.record(rec(0));
+        drop(recorder);
+        written.await;
+        assert_eq!(store.sizes(), [1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retention_prunes_every_interval_unless_unbounded() {
+        let store = Arc::new(FakeStore::default());
+        let task = spawn_retention(store.clone(), Retention::default());
+        tokio::time::sleep(Duration::from_secs(121)).await;
+        assert_eq!(
+            store.prunes.load(Ordering::Relaxed),
+            3,
+            "at 0, 60 and 120 s"
+        );
+        task.abort();
+
+        let store = Arc::new(FakeStore::default());
+        let unbounded = Retention {
+            max_age: Duration::ZERO,
+            max_count: 0,
+            ..Retention::default()
+        };
+        spawn_retention(store.clone(), unbounded).await.unwrap();
+        assert_eq!(store.prunes.load(Ordering::Relaxed), 0);
+    }
+
+    /// The cost of a burst through the real SQLite store: from the first
+    /// `record` to `flush` returning (printed; run with `--nocapture`).
+    #[tokio::test]
+    async fn a_burst_of_1000_reaches_sqlite_quickly() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(
+            sless_store::SqliteStore::open(&dir.path().join("t.db"))
+                .await
+                .unwrap(),
+        );
+        let recorder = Recorder::start(store.clone(), RecorderConfig::default());
+        let records: Vec<_> = (0..1000).map(rec).collect();
+        let start = std::time::Instant::now();
+        for r in records {
+            recorder.record(r);
+        }
+        let queued = start.elapsed();
+        recorder.flush().await.unwrap();
+        let total = start.elapsed();
+        println!("1000 records: queued in {queued:?}, written (flush done) in {total:?}");
+        let all = InvocationFilter {
+            limit: Some(1000),
+            ..InvocationFilter::default()
+        };
+        assert_eq!(store.list("team", &all).await.unwrap().len(), 1000);
+        assert_eq!(recorder.written(), 1000);
+    }
+}

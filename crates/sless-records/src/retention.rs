@@ -1,0 +1,49 @@
+//! Retention: a background task that prunes invocation records by age and count.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sless_store::InvocationStore;
+use tokio::task::JoinHandle;
+
+/// How long and how many records are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Records older than this go; zero keeps them regardless of age.
+    pub max_age: Duration,
+    /// Each namespace keeps at most this many (the newest); zero means no bound.
+    pub max_count: u64,
+    /// How often to prune.
+    pub every: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            max_age: Duration::from_secs(168 * 3600),
+            max_count: 100_000,
+            every: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Prunes `store` now and then every `retention.every`, until the task is aborted.
+/// Failures are logged and retried at the next tick: retention is housekeeping,
+/// and a busy database is no reason to stop the server.
+pub fn spawn_retention(store: Arc<dyn InvocationStore>, retention: Retention) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        if retention.max_age.is_zero() && retention.max_count == 0 {
+            return;
+        }
+        let mut tick = tokio::time::interval(retention.every.max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match store.prune(retention.max_age, retention.max_count).await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(deleted = n, "pruned invocation records"),
+                Err(e) => tracing::warn!(error = %e, "could not prune invocation records"),
+            }
+        }
+    })
+}

@@ -1,0 +1,520 @@
+//! Invocation records: one row per call of a function (over `/fn/`, `/invoke`,
+//! cron, queues or jobs), written in batches, listed newest first and pruned by
+//! age and count. [`InvocationStore`] is the seam; [`SqliteStore`] implements it
+//! in the same database file as the rest of the metadata.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::sqlite::SqliteRow;
+use sqlx::{QueryBuilder, Row, Sqlite};
+
+use crate::{Result, SqliteStore};
+
+/// What started an invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InvocationSource {
+    /// A request to the function's public URL, `/fn/{ns}/{name}`.
+    Http,
+    /// The authenticated `POST .../functions/{name}/invoke`.
+    Invoke,
+    /// A cron trigger firing.
+    Cron,
+    /// A message from a queue trigger.
+    Queue,
+    /// A job's attempt.
+    Job,
+}
+
+impl InvocationSource {
+    /// Every source, in the order the contract lists them.
+    pub const ALL: [InvocationSource; 5] = [
+        InvocationSource::Http,
+        InvocationSource::Invoke,
+        InvocationSource::Cron,
+        InvocationSource::Queue,
+        InvocationSource::Job,
+    ];
+
+    /// The name used on the wire and in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InvocationSource::Http => "http",
+            InvocationSource::Invoke => "invoke",
+            InvocationSource::Cron => "cron",
+            InvocationSource::Queue => "queue",
+            InvocationSource::Job => "job",
+        }
+    }
+
+    /// The source named `s`, if it is one.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for InvocationSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One finished invocation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InvocationRecord {
+    /// Unique and sortable by creation time (see `sless-records`).
+    pub id: String,
+    pub namespace: String,
+    pub function: String,
+    /// The revision that answered; `0` when no instance answered.
+    pub revision: u64,
+    pub source: InvocationSource,
+    /// The `X-Request-Id` the caller sent or was given.
+    pub request_id: String,
+    pub started_at: DateTime<Utc>,
+    pub duration: Duration,
+    /// The HTTP status the caller saw.
+    pub status: u16,
+    /// The request had to wait for a new instance to start.
+    pub cold_start: bool,
+    /// The platform's error for a failed invocation, or the handler's exception message.
+    pub error: Option<String>,
+}
+
+/// Which records [`InvocationStore::list`] returns. Every field narrows the result.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InvocationFilter {
+    pub function: Option<String>,
+    pub status: Option<u16>,
+    pub source: Option<InvocationSource>,
+    /// Records that started at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// At most this many records: [`DEFAULT_INVOCATION_LIMIT`] when `None`, capped at [`MAX_INVOCATION_LIMIT`].
+    pub limit: Option<u32>,
+}
+
+/// Records listed when the filter names no limit.
+pub const DEFAULT_INVOCATION_LIMIT: u32 = 100;
+/// The most records one list returns.
+pub const MAX_INVOCATION_LIMIT: u32 = 1000;
+
+impl InvocationFilter {
+    /// The limit that applies: the default when unset, at least 1, at most [`MAX_INVOCATION_LIMIT`].
+    pub fn effective_limit(&self) -> u32 {
+        self.limit
+            .unwrap_or(DEFAULT_INVOCATION_LIMIT)
+            .clamp(1, MAX_INVOCATION_LIMIT)
+    }
+}
+
+#[async_trait]
+pub trait InvocationStore: Send + Sync + 'static {
+    /// Stores records, all or none (one transaction).
+    async fn insert_batch(&self, records: &[InvocationRecord]) -> Result<()>;
+
+    /// A namespace's records matching `filter`, newest first (by `started_at`,
+    /// ties broken by id).
+    async fn list(
+        &self,
+        namespace: &str,
+        filter: &InvocationFilter,
+    ) -> Result<Vec<InvocationRecord>>;
+
+    /// Deletes records that started more than `max_age` ago, and in each namespace
+    /// all but the newest `max_count`. The count bound is per namespace so that one
+    /// busy namespace cannot push the records of the others out. A zero `max_age`
+    /// or `max_count` turns that bound off. Returns how many records were deleted.
+    async fn prune(&self, max_age: Duration, max_count: u64) -> Result<u64>;
+}
+
+/// Rows bound per `INSERT` statement: 11 parameters each stays well below
+/// SQLite's limit of 32766 variables per statement.
+const INSERT_CHUNK: usize = 500;
+/// Rows deleted per statement while pruning, so a large prune never holds the
+/// database's write lock long enough to stall the recorder's inserts.
+const DELETE_CHUNK: i64 = 5000;
+
+fn micros(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+fn record_from_row(row: &SqliteRow) -> Result<InvocationRecord> {
+    let source: String = row.try_get("source")?;
+    // Decoding through serde names the unexpected value in the error.
+    let source: InvocationSource = serde_json::from_value(serde_json::Value::String(source))?;
+    let started_at: i64 = row.try_get("started_at")?;
+    let duration_us: i64 = row.try_get("duration_us")?;
+    let revision: i64 = row.try_get("revision")?;
+    let status: i64 = row.try_get("status")?;
+    Ok(InvocationRecord {
+        id: row.try_get("id")?,
+        namespace: row.try_get("namespace")?,
+        function: row.try_get("function")?,
+        revision: revision.max(0) as u64,
+        source,
+        request_id: row.try_get("request_id")?,
+        started_at: DateTime::from_timestamp_micros(started_at).unwrap_or_default(),
+        duration: Duration::from_micros(duration_us.max(0) as u64),
+        status: u16::try_from(status).unwrap_or(0),
+        cold_start: row.try_get("cold_start")?,
+        error: row.try_get("error")?,
+    })
+}
+
+#[async_trait]
+impl InvocationStore for SqliteStore {
+    async fn insert_batch(&self, records: &[InvocationRecord]) -> Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool().begin().await?;
+        for chunk in records.chunks(INSERT_CHUNK) {
+            let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(
+                "INSERT INTO invocations (id, namespace, function, revision, source, request_id, \
+                 started_at, duration_us, status, cold_start, error) ",
+            );
+            insert.push_values(chunk, |mut row, r| {
+                row.push_bind(&r.id)
+                    .push_bind(&r.namespace)
+                    .push_bind(&r.function)
+                    .push_bind(i64::try_from(r.revision).unwrap_or(i64::MAX))
+                    .push_bind(r.source.as_str())
+                    .push_bind(&r.request_id)
+                    .push_bind(micros(r.started_at))
+                    .push_bind(i64::try_from(r.duration.as_micros()).unwrap_or(i64::MAX))
+                    .push_bind(i64::from(r.status))
+                    .push_bind(r.cold_start)
+                    .push_bind(&r.error);
+            });
+            insert.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        filter: &InvocationFilter,
+    ) -> Result<Vec<InvocationRecord>> {
+        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "SELECT id, namespace, function, revision, source, request_id, started_at, \
+             duration_us, status, cold_start, error FROM invocations WHERE namespace = ",
+        );
+        q.push_bind(namespace);
+        if let Some(function) = &filter.function {
+            q.push(" AND function = ").push_bind(function);
+        }
+        if let Some(status) = filter.status {
+            q.push(" AND status = ").push_bind(i64::from(status));
+        }
+        if let Some(source) = filter.source {
+            q.push(" AND source = ").push_bind(source.as_str());
+        }
+        if let Some(since) = filter.since {
+            q.push(" AND started_at >= ").push_bind(micros(since));
+        }
+        q.push(" ORDER BY started_at DESC, id DESC LIMIT ")
+            .push_bind(i64::from(filter.effective_limit()));
+        let rows = q.build().fetch_all(self.pool()).await?;
+        rows.iter().map(record_from_row).collect()
+    }
+
+    async fn prune(&self, max_age: Duration, max_count: u64) -> Result<u64> {
+        let age_cutoff = if max_age.is_zero() {
+            None
+        } else {
+            let age = chrono::Duration::from_std(max_age).unwrap_or(chrono::Duration::MAX);
+            Some(micros(
+                Utc::now().checked_sub_signed(age).unwrap_or_default(),
+            ))
+        };
+        let namespaces: Vec<String> =
+            sqlx::query_scalar("SELECT DISTINCT namespace FROM invocations")
+                .fetch_all(self.pool())
+                .await?;
+        let mut deleted = 0;
+        for ns in namespaces {
+            // The newest record past the count bound, in list order: it and all
+            // older records go.
+            let over: Option<(i64, String)> = if max_count == 0 {
+                None
+            } else {
+                sqlx::query_as(
+                    "SELECT started_at, id FROM invocations WHERE namespace = ? \
+                     ORDER BY started_at DESC, id DESC LIMIT 1 OFFSET ?",
+                )
+                .bind(&ns)
+                .bind(i64::try_from(max_count).unwrap_or(i64::MAX))
+                .fetch_optional(self.pool())
+                .await?
+            };
+            // Records older than the age cutoff go too. When both bounds apply,
+            // deleting everything before the later of the two covers both.
+            let (time, last_id) = match (age_cutoff, over) {
+                (None, None) => continue,
+                (Some(age), None) => (age, None),
+                (None, Some((t, id))) => (t, Some(id)),
+                (Some(age), Some((t, id))) if t >= age => (t, Some(id)),
+                (Some(age), Some(_)) => (age, None),
+            };
+            loop {
+                // `id` breaks ties of `started_at` exactly as the list order does.
+                let done = sqlx::query(
+                    "DELETE FROM invocations WHERE rowid IN (SELECT rowid FROM invocations \
+                     WHERE namespace = ?1 AND (started_at < ?2 OR (started_at = ?2 AND id <= ?3)) \
+                     LIMIT ?4)",
+                )
+                .bind(&ns)
+                .bind(time)
+                .bind(last_id.as_deref())
+                .bind(DELETE_CHUNK)
+                .execute(self.pool())
+                .await?;
+                deleted += done.rows_affected();
+                if done.rows_affected() < DELETE_CHUNK as u64 {
+                    break;
+                }
+            }
+        }
+        Ok(deleted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs_ago: i64) -> DateTime<Utc> {
+        Utc::now() - chrono::Duration::seconds(secs_ago)
+    }
+
+    fn rec(id: &str, ns: &str, function: &str, started_at: DateTime<Utc>) -> InvocationRecord {
+        InvocationRecord {
+            id: id.into(),
+            namespace: ns.into(),
+            function: function.into(),
+            revision: 3,
+            source: InvocationSource::Http,
+            request_id: format!("req-{id}"),
+            started_at,
+            duration: Duration::from_micros(1234),
+            status: 200,
+            cold_start: false,
+            error: None,
+        }
+    }
+
+    fn ids(records: &[InvocationRecord]) -> Vec<&str> {
+        records.iter().map(|r| r.id.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn batches_round_trip_newest_first() {
+        let store = SqliteStore::in_memory().await.unwrap();
+        let mut a = rec("a", "team", "f", at(30));
+        a.error = Some("boom".into());
+        a.status = 500;
+        a.cold_start = true;
+        a.source = InvocationSource::Invoke;
+        let batch = vec![
+            a.clone(),
+            rec("c", "team", "f", at(10)),
+            rec("b", "team", "g", at(20)),
+        ];
+        store.insert_batch(&batch).await.unwrap();
+        store.insert_batch(&[]).await.unwrap();
+        let got = store
+            .list("team", &InvocationFilter::default())
+            .await
+            .unwrap();
+        assert_eq!(ids(&got), ["c", "b", "a"]);
+        // Every field survives, at microsecond precision.
+        let mut expected = a;
+        expected.started_at = DateTime::from_timestamp_micros(micros(expected.started_at)).unwrap();
+        assert_eq!(got[2], expected);
+        assert!(
+            store
+                .list("other", &InvocationFilter::default())
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_all_or_nothing_and_larger_than_one_statement() {
+        let store = SqliteStore::in_memory().await.unwrap();
+        let now = Utc::now();
+        let mut batch: Vec<InvocationRecord> = (0..1200)
+            .map(|i| rec(&format!("{i:05}"), "team", "f", now))
+            .collect();
+        store.insert_batch(&batch).await.unwrap();
+        let all = InvocationFilter {
+            limit: Some(5000),
+            ..Default::default()
+        };
+        assert_eq!(
+            store.list("team", &all).await.unwrap().len(),
+            1000,
+            "capped at MAX_INVOCATION_LIMIT"
+        );
+        // A duplicate id in the last chunk fails the whole batch.
+        batch.iter_mut().for_each(|r| r.id = format!("x{}", r.id));
+        batch[1100].id = "00001".into();
+        assert!(store.insert_batch(&batch).await.is_err());
+        assert_eq!(
+            store.prune(Duration::ZERO, 1).await.unwrap(),
+            1199,
+            "only the first batch was stored"
+        );
+    }
+
+    #[tokio::test]
+    async fn filters_narrow_and_limit_caps() {
+        let store = SqliteStore::in_memory().await.unwrap();
+        let mut records = Vec::new();
+        for i in 0..10i64 {
+            let mut r = rec(
+                &format!("{i:02}"),
+                "team",
+                if i % 2 == 0 { "even" } else { "odd" },
+                at(100 - i),
+            );
+            r.status = if i == 7 { 500 } else { 200 };
+            r.source = if i < 5 {
+                InvocationSource::Http
+            } else {
+                InvocationSource::Cron
+            };
+            records.push(r);
+        }
+        store.insert_batch(&records).await.unwrap();
+        let list = |f: InvocationFilter| {
+            let store = &store;
+            async move {
+                ids(&store.list("team", &f).await.unwrap())
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(
+            list(InvocationFilter {
+                function: Some("odd".into()),
+                ..Default::default()
+            })
+            .await,
+            ["09", "07", "05", "03", "01"]
+        );
+        assert_eq!(
+            list(InvocationFilter {
+                status: Some(500),
+                ..Default::default()
+            })
+            .await,
+            ["07"]
+        );
+        assert_eq!(
+            list(InvocationFilter {
+                source: Some(InvocationSource::Http),
+                limit: Some(2),
+                ..Default::default()
+            })
+            .await,
+            ["04", "03"]
+        );
+        assert_eq!(
+            list(InvocationFilter {
+                since: Some(records[8].started_at),
+                ..Default::default()
+            })
+            .await,
+            ["09", "08"],
+            "since is inclusive"
+        );
+        assert_eq!(
+            list(InvocationFilter {
+                function: Some("even".into()),
+                source: Some(InvocationSource::Cron),
+                ..Default::default()
+            })
+            .await,
+            ["08", "06"]
+        );
+        assert_eq!(
+            list(InvocationFilter {
+                limit: Some(0),
+                ..Default::default()
+            })
+            .await,
+            ["09"]
+        );
+    }
+
+    #[tokio::test]
+    async fn prune_by_age_and_by_count_per_namespace() {
+        let store = SqliteStore::in_memory().await.unwrap();
+        let mut records = Vec::new();
+        for i in 0..6i64 {
+            records.push(rec(&format!("a{i}"), "a", "f", at(3600 * i)));
+        }
+        // Same start time for all of b: ids decide which survive, as in the list order.
+        let same = at(10);
+        for i in 0..4 {
+            records.push(rec(&format!("b{i}"), "b", "f", same));
+        }
+        store.insert_batch(&records).await.unwrap();
+        let all = InvocationFilter::default();
+
+        // No bounds: nothing goes.
+        assert_eq!(store.prune(Duration::ZERO, 0).await.unwrap(), 0);
+        // By age: older than 2.5 h goes (a3, a4, a5).
+        assert_eq!(store.prune(Duration::from_secs(9000), 0).await.unwrap(), 3);
+        assert_eq!(
+            ids(&store.list("a", &all).await.unwrap()),
+            ["a0", "a1", "a2"]
+        );
+        assert_eq!(store.list("b", &all).await.unwrap().len(), 4);
+        // By count, per namespace: two newest of each stay.
+        assert_eq!(store.prune(Duration::from_secs(9000), 2).await.unwrap(), 3);
+        assert_eq!(ids(&store.list("a", &all).await.unwrap()), ["a0", "a1"]);
+        assert_eq!(ids(&store.list("b", &all).await.unwrap()), ["b3", "b2"]);
+        // Both bounds: whichever cuts more wins.
+        assert_eq!(store.prune(Duration::from_secs(1800), 2).await.unwrap(), 1);
+        assert_eq!(ids(&store.list("a", &all).await.unwrap()), ["a0"]);
+    }
+
+    #[tokio::test]
+    async fn prune_deletes_in_chunks() {
+        let store = SqliteStore::in_memory().await.unwrap();
+        let old = at(7200);
+        let batch: Vec<_> = (0..(DELETE_CHUNK as usize * 2 + 7))
+            .map(|i| rec(&format!("{i:06}"), "a", "f", old))
+            .collect();
+        store.insert_batch(&batch).await.unwrap();
+        assert_eq!(
+            store.prune(Duration::from_secs(60), 0).await.unwrap(),
+            batch.len() as u64
+        );
+        assert!(
+            store
+                .list("a", &InvocationFilter::default())
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn sources_parse_their_own_names() {
+        for s in InvocationSource::ALL {
+            assert_eq!(InvocationSource::parse(s.as_str()), Some(s));
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+        }
+        assert_eq!(InvocationSource::parse("HTTP"), None);
+    }
+}

@@ -1,0 +1,579 @@
+//! `sless trigger create|ls|status|enable|disable|rm`: extra HTTP routes and cron schedules
+//! that call a function.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, anyhow, bail};
+use serde_json::{Map, Value};
+use sless_client::Trigger;
+
+use super::functions::read_event;
+use super::{Ctx, table};
+
+/// Manage triggers: what calls a function besides its own URL.
+#[derive(clap::Subcommand, Debug)]
+pub enum TriggerCommand {
+    /// Create an HTTP route or a cron schedule that calls a function.
+    Create(CreateArgs),
+    /// List the namespace's triggers with their route or schedule and when they fire.
+    #[command(after_help = "Examples:
+  sless trigger ls
+  sless trigger ls --json | jq '.[] | select(.enabled == false) | .name'")]
+    Ls {
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one trigger's settings and when it fired last and fires next.
+    #[command(after_help = "Examples:
+  sless trigger status nightly
+  sless trigger status nightly --json | jq .status.next_fire_at")]
+    Status {
+        /// Trigger to show.
+        name: String,
+        /// Print the API's JSON instead of a summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Turn triggers back on (a cron schedule fires again, a route answers again).
+    #[command(after_help = "Example:\n  sless trigger enable nightly")]
+    Enable {
+        /// Triggers to enable.
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Stop triggers without deleting them: a schedule stops firing, a route answers 404.
+    #[command(after_help = "Example:\n  sless trigger disable nightly orders-route")]
+    Disable {
+        /// Triggers to disable.
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Delete triggers (the function stays).
+    #[command(after_help = "Example:\n  sless trigger rm nightly orders-route")]
+    Rm {
+        /// Triggers to delete.
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}
+
+/// Create a trigger for a function.
+///
+/// --http PATH adds the public route /t/{namespace}/PATH (and everything below it) to the
+/// function; the handler sees the request as it would over /fn/. --cron EXPR calls the
+/// function on a schedule: 5 fields (minute hour day-of-month month day-of-week), or 6 with
+/// seconds first; the event is --event with "fired_at" added.
+// Each kind's flags conflict with the other kind rather than `requires` their own: clap drops
+// a requirement on an argument that conflicts with one present, as --http and --cron do.
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("kind").required(true).args(["http", "cron"])))]
+#[command(after_help = "Examples:
+  sless trigger create orders --function shop --http /orders --method GET --method POST
+  curl http://127.0.0.1:8080/t/default/orders/42
+  sless trigger create nightly --function report --cron '0 3 * * *' --timezone Europe/Berlin
+  sless trigger create tick --function ping --cron '*/10 * * * * *' --event '{\"source\": \"tick\"}'
+  sless trigger create warm --function api --cron '0 9 * * 1-5' --prewarm 30 --disabled")]
+pub struct CreateArgs {
+    /// Trigger name (a DNS label: lowercase letters, digits, '-').
+    pub name: String,
+
+    /// Function the trigger calls.
+    #[arg(short, long)]
+    pub function: String,
+
+    /// Route /t/{namespace}PATH to the function (an HTTP trigger).
+    #[arg(long, value_name = "PATH")]
+    pub http: Option<String>,
+
+    /// Method the route accepts; repeat or separate with commas (default: all).
+    #[arg(
+        long = "method",
+        value_name = "METHOD",
+        conflicts_with = "cron",
+        value_delimiter = ','
+    )]
+    pub methods: Vec<String>,
+
+    /// Call the function on this schedule (a cron trigger).
+    #[arg(long, value_name = "EXPR")]
+    pub cron: Option<String>,
+
+    /// IANA time zone the schedule is read in (default UTC).
+    #[arg(long, value_name = "TZ", conflicts_with = "http")]
+    pub timezone: Option<String>,
+
+    /// Event for each call, as JSON text or @FILE (default {}).
+    #[arg(long, value_name = "JSON|@FILE", conflicts_with = "http")]
+    pub event: Option<String>,
+
+    /// Start an instance this many seconds before each fire, so the call is not a cold start.
+    #[arg(long, value_name = "SEC", conflicts_with = "http")]
+    pub prewarm: Option<u32>,
+
+    /// Create it switched off; turn it on with `sless trigger enable`.
+    #[arg(long)]
+    pub disabled: bool,
+}
+
+/// Runs `sless trigger ...`.
+pub async fn run(ctx: &Ctx, command: TriggerCommand) -> anyhow::Result<ExitCode> {
+    let ns = ctx.namespace.as_str();
+    match command {
+        TriggerCommand::Create(args) => {
+            let event = match &args.event {
+                Some(data) => Some(read_event(Some(data), "--event")?),
+                None => None,
+            };
+            let body = create_body(&args, event)?;
+            let trigger = ctx
+                .client
+                .create_trigger(ns, &body)
+                .await
+                .with_context(|| format!("cannot create trigger {ns}/{}", args.name))?;
+            println!("{}", describe_created(&trigger, ctx.client.base_url()));
+        }
+        TriggerCommand::Ls { json } => {
+            let triggers = ctx
+                .client
+                .list_triggers(ns)
+                .await
+                .with_context(|| format!("cannot list triggers in {ns}"))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&triggers)?);
+            } else {
+                print!("{}", triggers_table(&triggers));
+            }
+        }
+        TriggerCommand::Status { name, json } => {
+            let trigger = ctx
+                .client
+                .get_trigger(ns, &name)
+                .await
+                .with_context(|| format!("cannot read trigger {ns}/{name}"))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&trigger)?);
+            } else {
+                print!("{}", summary(&trigger, ctx.client.base_url()));
+            }
+        }
+        TriggerCommand::Enable { names } => set_enabled(ctx, &names, true).await?,
+        TriggerCommand::Disable { names } => set_enabled(ctx, &names, false).await?,
+        TriggerCommand::Rm { names } => {
+            for name in &names {
+                ctx.client
+                    .delete_trigger(ns, name)
+                    .await
+                    .with_context(|| format!("cannot delete trigger {ns}/{name}"))?;
+                println!("deleted trigger {ns}/{name}");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn set_enabled(ctx: &Ctx, names: &[String], enabled: bool) -> anyhow::Result<()> {
+    let ns = ctx.namespace.as_str();
+    let verb = if enabled { "enable" } else { "disable" };
+    for name in names {
+        ctx.client
+            .patch_trigger(ns, name, &serde_json::json!({ "enabled": enabled }))
+            .await
+            .with_context(|| format!("cannot {verb} trigger {ns}/{name}"))?;
+        println!("{verb}d trigger {ns}/{name}");
+    }
+    Ok(())
+}
+
+/// The `POST .../triggers` body for `args`, checked as far as the client can without the
+/// server: names, the number of cron fields, the path's leading `/`.
+fn create_body(args: &CreateArgs, event: Option<Value>) -> anyhow::Result<Value> {
+    for (what, name) in [("trigger", &args.name), ("function", &args.function)] {
+        sless_core::validate_name("name", name)
+            .map_err(|e| anyhow!("{what} name {name:?} is invalid: {}", e.message))?;
+    }
+    let mut body = Map::new();
+    body.insert("name".into(), Value::from(args.name.as_str()));
+    body.insert("function".into(), Value::from(args.function.as_str()));
+    if args.disabled {
+        body.insert("enabled".into(), Value::Bool(false));
+    }
+    match (&args.http, &args.cron) {
+        (Some(path), None) => {
+            if !path.starts_with('/') {
+                bail!("--http {path:?}: the path must start with '/', e.g. /{path}");
+            }
+            body.insert("type".into(), Value::from("http"));
+            body.insert("path".into(), Value::from(path.as_str()));
+            let methods: Vec<Value> = args
+                .methods
+                .iter()
+                .map(|m| m.trim().to_ascii_uppercase())
+                .filter(|m| !m.is_empty())
+                .map(Value::from)
+                .collect();
+            if !methods.is_empty() {
+                body.insert("methods".into(), Value::Array(methods));
+            }
+        }
+        (None, Some(schedule)) => {
+            let fields = schedule.split_whitespace().count();
+            if !(fields == 5 || fields == 6) {
+                bail!(
+                    "--cron {schedule:?} has {fields} field{}; give 5 (minute hour day month weekday) \
+                     or 6 (seconds first)",
+                    if fields == 1 { "" } else { "s" }
+                );
+            }
+            body.insert("type".into(), Value::from("cron"));
+            body.insert("schedule".into(), Value::from(schedule.trim()));
+            if let Some(tz) = &args.timezone {
+                body.insert("timezone".into(), Value::from(tz.as_str()));
+            }
+            if let Some(event) = event {
+                body.insert("event".into(), event);
+            }
+            if let Some(prewarm) = args.prewarm {
+                body.insert("prewarm_sec".into(), Value::from(prewarm));
+            }
+        }
+        // clap's "kind" group makes exactly one of them present.
+        _ => bail!("give exactly one of --http PATH or --cron EXPR"),
+    }
+    Ok(Value::Object(body))
+}
+
+/// The public URL of an HTTP trigger's route.
+fn route_url(base: &str, trigger: &Trigger) -> String {
+    let path = trigger.path.as_deref().unwrap_or("/");
+    format!(
+        "{base}/t/{}{}",
+        trigger.namespace,
+        path.trim_end_matches('/')
+    )
+}
+
+/// One line saying what was created, for `sless trigger create`.
+fn describe_created(t: &Trigger, base: &str) -> String {
+    let state = if t.enabled { "" } else { " (disabled)" };
+    let head = format!("created trigger {}/{}{state}", t.namespace, t.name);
+    match t.kind.as_str() {
+        "http" => format!("{head}: {} -> {}", route_url(base, t), t.function),
+        "cron" => format!(
+            "{head}: {} -> {}, next {}",
+            schedule_text(t),
+            t.function,
+            table::time(t.status.next_fire_at.as_deref())
+        ),
+        other => format!("{head}: {other} -> {}", t.function),
+    }
+}
+
+/// The cron schedule, with its time zone when it is not UTC.
+fn schedule_text(t: &Trigger) -> String {
+    let schedule = t.schedule.clone().unwrap_or_default();
+    match t.timezone.as_deref() {
+        Some(tz) if !tz.is_empty() && tz != "UTC" => format!("{schedule} ({tz})"),
+        _ => schedule,
+    }
+}
+
+/// Every method an HTTP trigger can name; a trigger allowing all of them shows no list.
+const ALL_METHODS: usize = 7;
+
+/// The SCHEDULE/PATH cell: the route (with its methods when limited) or the schedule.
+fn target_text(t: &Trigger) -> String {
+    match t.kind.as_str() {
+        "http" => {
+            let path = t.path.clone().unwrap_or_default();
+            if t.methods.is_empty() || t.methods.len() >= ALL_METHODS {
+                path
+            } else {
+                format!("{path} ({})", t.methods.join(","))
+            }
+        }
+        "cron" => schedule_text(t),
+        "queue" => {
+            let source = t.source.clone().unwrap_or_default();
+            let text = |key: &str| source[key].as_str().unwrap_or("").to_string();
+            format!("{}:{}", text("kind"), text("topic"))
+        }
+        _ => String::new(),
+    }
+}
+
+/// The LAST cell: when it last fired and how that went.
+fn last_text(t: &Trigger) -> String {
+    let when = table::time(t.status.last_fired_at.as_deref());
+    match t.status.last_result.as_deref().filter(|r| !r.is_empty()) {
+        Some(result) => format!("{when} ({})", table::one_line(result, 40)),
+        None => when,
+    }
+}
+
+fn triggers_table(triggers: &[Trigger]) -> String {
+    let rows: Vec<Vec<String>> = triggers
+        .iter()
+        .map(|t| {
+            vec![
+                t.name.clone(),
+                t.kind.clone(),
+                t.function.clone(),
+                if t.enabled { "yes" } else { "no" }.to_string(),
+                target_text(t),
+                table::time(t.status.next_fire_at.as_deref()),
+                last_text(t),
+            ]
+        })
+        .collect();
+    table::render(
+        &[
+            "NAME",
+            "TYPE",
+            "FUNCTION",
+            "ENABLED",
+            "SCHEDULE/PATH",
+            "NEXT",
+            "LAST",
+        ],
+        &rows,
+    )
+}
+
+/// `key: value` lines for `sless trigger status`.
+fn summary(t: &Trigger, base: &str) -> String {
+    let mut rows: Vec<(&str, String)> = vec![
+        ("name", format!("{}/{}", t.namespace, t.name)),
+        ("type", t.kind.clone()),
+        ("function", t.function.clone()),
+        ("enabled", if t.enabled { "yes" } else { "no" }.to_string()),
+    ];
+    match t.kind.as_str() {
+        "http" => {
+            rows.push(("url", route_url(base, t)));
+            let methods = if t.methods.is_empty() {
+                "all".to_string()
+            } else {
+                t.methods.join(", ")
+            };
+            rows.push(("methods", methods));
+        }
+        "cron" => {
+            rows.push(("schedule", t.schedule.clone().unwrap_or_default()));
+            rows.push(("timezone", t.timezone.clone().unwrap_or_default()));
+            if let Some(event) = &t.event {
+                rows.push(("event", event.to_string()));
+            }
+            if let Some(prewarm) = t.prewarm_sec.filter(|s| *s > 0) {
+                rows.push(("prewarm", format!("{prewarm}s")));
+            }
+            rows.push(("next fire", table::time(t.status.next_fire_at.as_deref())));
+        }
+        _ => {
+            if let Some(source) = &t.source {
+                rows.push(("source", source.to_string()));
+            }
+        }
+    }
+    rows.push(("last fired", table::time(t.status.last_fired_at.as_deref())));
+    rows.push((
+        "last result",
+        t.status.last_result.clone().unwrap_or_default(),
+    ));
+    rows.push(("created", t.created_at.clone()));
+    rows.push(("updated", t.updated_at.clone()));
+    let mut out = String::new();
+    // Fields the server did not report are left out rather than shown blank.
+    for (key, value) in rows.into_iter().filter(|(_, v)| !v.is_empty()) {
+        out.push_str(&format!("{:<14}{value}\n", format!("{key}:")));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use serde_json::json;
+    use sless_client::TriggerStatus;
+
+    use super::*;
+
+    #[derive(Parser, Debug)]
+    struct Harness {
+        #[command(subcommand)]
+        trigger: TriggerCommand,
+    }
+
+    fn parse(argv: &[&str]) -> Result<TriggerCommand, clap::Error> {
+        Harness::try_parse_from(std::iter::once("trigger").chain(argv.iter().copied()))
+            .map(|h| h.trigger)
+    }
+
+    fn create(argv: &[&str]) -> CreateArgs {
+        match parse(&[&["create"], argv].concat()).expect("parses") {
+            TriggerCommand::Create(args) => args,
+            other => panic!("not create: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn http_triggers_build_their_body() {
+        let args = create(&[
+            "orders", "-f", "shop", "--http", "/orders", "--method", "get", "--method", "POST,put",
+        ]);
+        assert_eq!(
+            create_body(&args, None).expect("body"),
+            json!({"name": "orders", "function": "shop", "type": "http", "path": "/orders",
+                   "methods": ["GET", "POST", "PUT"]})
+        );
+        let args = create(&["all", "--function", "shop", "--http", "/", "--disabled"]);
+        assert_eq!(
+            create_body(&args, None).expect("body"),
+            json!({"name": "all", "function": "shop", "type": "http", "path": "/", "enabled": false})
+        );
+    }
+
+    #[test]
+    fn cron_triggers_build_their_body() {
+        let args = create(&[
+            "nightly",
+            "--function",
+            "report",
+            "--cron",
+            "0 3 * * *",
+            "--timezone",
+            "Europe/Berlin",
+            "--prewarm",
+            "30",
+            "--event",
+            "{\"k\": 1}",
+        ]);
+        let event = Some(json!({"k": 1}));
+        assert_eq!(
+            create_body(&args, event).expect("body"),
+            json!({"name": "nightly", "function": "report", "type": "cron", "schedule": "0 3 * * *",
+                   "timezone": "Europe/Berlin", "prewarm_sec": 30, "event": {"k": 1}})
+        );
+        let args = create(&["tick", "-f", "ping", "--cron", "*/2 * * * * *"]);
+        assert_eq!(
+            create_body(&args, None).expect("6 fields are fine")["schedule"],
+            "*/2 * * * * *"
+        );
+    }
+
+    #[test]
+    fn create_needs_exactly_one_kind_and_its_own_flags() {
+        for argv in [
+            &["t", "-f", "x"][..],
+            &["t", "-f", "x", "--http", "/a", "--cron", "* * * * *"],
+            &["t", "-f", "x", "--http", "/a", "--timezone", "UTC"],
+            &["t", "-f", "x", "--cron", "* * * * *", "--method", "GET"],
+            &["t", "--http", "/a"],
+        ] {
+            let argv = [&["create"], argv].concat();
+            assert!(parse(&argv).is_err(), "{argv:?} should not parse");
+        }
+    }
+
+    #[test]
+    fn create_checks_what_it_can_before_sending() {
+        let err =
+            create_body(&create(&["t", "-f", "x", "--cron", "* * *"]), None).expect_err("3 fields");
+        assert!(err.to_string().contains("has 3 fields"), "{err}");
+        let err = create_body(&create(&["t", "-f", "x", "--http", "orders"]), None)
+            .expect_err("relative path");
+        assert!(err.to_string().contains("must start with '/'"), "{err}");
+        let err = create_body(&create(&["Bad_Name", "-f", "x", "--http", "/a"]), None)
+            .expect_err("bad name");
+        assert!(
+            err.to_string()
+                .starts_with("trigger name \"Bad_Name\" is invalid"),
+            "{err}"
+        );
+        let err = create_body(&create(&["t", "-f", "My.Fn", "--http", "/a"]), None)
+            .expect_err("bad function");
+        assert!(err.to_string().starts_with("function name"), "{err}");
+    }
+
+    #[test]
+    fn other_subcommands_parse() {
+        assert!(matches!(
+            parse(&["disable", "a", "b"]).expect("parses"),
+            TriggerCommand::Disable { names } if names == ["a", "b"]
+        ));
+        assert!(parse(&["enable"]).is_err(), "enable needs a name");
+        assert!(parse(&["rm"]).is_err(), "rm needs a name");
+        assert!(matches!(
+            parse(&["ls", "--json"]).expect("parses"),
+            TriggerCommand::Ls { json: true }
+        ));
+    }
+
+    fn cron_trigger() -> Trigger {
+        Trigger {
+            name: "nightly".into(),
+            namespace: "default".into(),
+            function: "report".into(),
+            kind: "cron".into(),
+            schedule: Some("0 3 * * *".into()),
+            timezone: Some("Europe/Berlin".into()),
+            status: TriggerStatus {
+                next_fire_at: Some("2025-01-02T02:00:00.000Z".into()),
+                last_fired_at: Some("2025-01-01T02:00:00Z".into()),
+                last_result: Some("200".into()),
+            },
+            ..Trigger::default()
+        }
+    }
+
+    fn http_trigger() -> Trigger {
+        Trigger {
+            name: "orders".into(),
+            namespace: "default".into(),
+            function: "shop".into(),
+            kind: "http".into(),
+            enabled: false,
+            path: Some("/orders".into()),
+            methods: vec!["GET".into(), "POST".into()],
+            ..Trigger::default()
+        }
+    }
+
+    #[test]
+    fn table_shows_route_or_schedule_and_firing_times() {
+        let out = triggers_table(&[cron_trigger(), http_trigger()]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "NAME      TYPE   FUNCTION   ENABLED   SCHEDULE/PATH               NEXT                   LAST",
+                "nightly   cron   report     yes       0 3 * * * (Europe/Berlin)   2025-01-02T02:00:00Z   2025-01-01T02:00:00Z (200)",
+                "orders    http   shop       no        /orders (GET,POST)          -                      -",
+            ]
+        );
+    }
+
+    #[test]
+    fn descriptions_name_the_route_or_the_next_fire() {
+        assert_eq!(
+            describe_created(&http_trigger(), "http://h:1"),
+            "created trigger default/orders (disabled): http://h:1/t/default/orders -> shop"
+        );
+        assert_eq!(
+            describe_created(&cron_trigger(), "http://h:1"),
+            "created trigger default/nightly: 0 3 * * * (Europe/Berlin) -> report, next 2025-01-02T02:00:00Z"
+        );
+        let out = summary(&cron_trigger(), "http://h:1");
+        assert!(out.starts_with("name:         default/nightly\n"), "{out}");
+        assert!(out.contains("timezone:     Europe/Berlin\n"), "{out}");
+        assert!(out.contains("last result:  200\n"), "{out}");
+        assert!(!out.contains("url:"), "{out}");
+        let out = summary(&http_trigger(), "http://h:1");
+        assert!(
+            out.contains("url:          http://h:1/t/default/orders\n"),
+            "{out}"
+        );
+        assert!(out.contains("methods:      GET, POST\n"), "{out}");
+        assert!(out.contains("enabled:      no\n"), "{out}");
+    }
+}
