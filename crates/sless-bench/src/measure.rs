@@ -1,7 +1,6 @@
 //! The measurements: each deploys what it needs, measures, records its figures and removes
 //! its functions again so the next one starts from an idle server.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -162,16 +161,18 @@ pub async fn cold(
         ColdRuntime::Node => ("bench-cold-node", "nodejs", "handler.js", code::HELLO_NODE),
     };
     progress!("cold start {runtime_name}, {runs} runs");
-    // A long idle timeout keeps the reaper out of the picture: instances go away only
-    // because a new revision drains them.
-    let spec = json!({"runtime": runtime_name, "min_instances": 0, "idle_timeout_sec": 3600});
+    // Every deploy starts one instance of the new revision, even at min_instances 0 (it proves
+    // the revision loads), so a new revision alone does not bring the function back to zero.
+    // The shortest idle timeout lets the reaper stop that instance, and the one each measured
+    // request started, within a couple of seconds.
+    let spec = json!({"runtime": runtime_name, "min_instances": 0, "idle_timeout_sec": 1});
     create(server, name, &spec, &[(file, source)]).await?;
     let url = format!("http://{}/fn/{NS}/{name}", server.addr);
     let mut samples = Vec::with_capacity(runs);
     for run in 0..runs {
         if run > 0 {
-            // A new revision at min_instances 0 drains the old instances; the next request
-            // has to start one.
+            // A new revision each run: the request is the first of code no instance has
+            // served before, as after a deploy.
             let patched = server
                 .client
                 .patch_function(NS, name, &json!({"env": {"RUN": run.to_string()}}))
@@ -235,8 +236,6 @@ pub async fn warm_node(
         plan.rounds
     );
     let name = "bench-warm-node";
-    let run_root = server.data_dir.join("run");
-    let before = socket_dirs(&run_root)?;
     let fn_spec = json!({
         "runtime": "nodejs", "min_instances": 1, "max_instances": 1,
         "concurrency": spec.connections.max(1) * 2,
@@ -248,24 +247,14 @@ pub async fn warm_node(
         request: RequestTemplate::get(&format!("/fn/{NS}/{name}")),
     };
     expect_ok(&gateway).await?;
-
-    // The function's one instance is the one socket directory that appeared since.
-    let new: Vec<PathBuf> = socket_dirs(&run_root)?
-        .difference(&before)
-        .cloned()
-        .collect();
-    let [dir] = new.as_slice() else {
-        return Err(BenchError::Setup(format!(
-            "expected exactly one new instance socket under {}, found {new:?}",
-            run_root.display()
-        )));
-    };
+    let direct_req = RequestTemplate::post_json("/_sless/invoke", &minimal_event())
+        .with_header("x-sless-request-id", "bench")
+        .with_header("x-sless-source", "http");
+    let socket = function_socket(&server.data_dir.join("run"), &direct_req).await?;
     let direct = Target {
         name: "direct".into(),
-        endpoint: Endpoint::Unix(dir.join("fn.sock")),
-        request: RequestTemplate::post_json("/_sless/invoke", &minimal_event())
-            .with_header("x-sless-request-id", "bench")
-            .with_header("x-sless-source", "http"),
+        endpoint: Endpoint::Unix(socket),
+        request: direct_req,
     };
     expect_ok(&direct).await?;
 
@@ -559,23 +548,54 @@ async fn wait_no_instances(server: &Server, name: &str) -> Result<()> {
     }
 }
 
-/// The instance directories under `<data>/run` that hold a socket.
-fn socket_dirs(run_root: &Path) -> Result<BTreeSet<PathBuf>> {
+/// The instance sockets under `<data>/run`: `<instance>/fn.sock` or `<instance>/sock/fn.sock`
+/// (the executor has used both layouts).
+fn socket_candidates(run_root: &Path) -> Result<Vec<PathBuf>> {
     let entries = match std::fs::read_dir(run_root) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeSet::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io(format!("list {}", run_root.display()))(e)),
     };
-    let mut dirs = BTreeSet::new();
+    let mut sockets = Vec::new();
     for entry in entries {
-        let path = entry
+        let dir = entry
             .map_err(io(format!("list {}", run_root.display())))?
             .path();
-        if path.join("fn.sock").exists() {
-            dirs.insert(path);
+        for socket in [dir.join("fn.sock"), dir.join("sock").join("fn.sock")] {
+            if socket.exists() {
+                sockets.push(socket);
+            }
         }
     }
-    Ok(dirs)
+    sockets.sort();
+    Ok(sockets)
+}
+
+/// The socket of the one function instance that exists: the one that answers the hello
+/// handler's result. The run directory also holds the warm pool's generic instances, which
+/// have no function loaded, so a new directory alone does not identify it.
+async fn function_socket(run_root: &Path, probe: &RequestTemplate) -> Result<PathBuf> {
+    let candidates = socket_candidates(run_root)?;
+    let mut found = Vec::new();
+    for socket in &candidates {
+        let endpoint = Endpoint::Unix(socket.clone());
+        let answer =
+            tokio::time::timeout(Duration::from_secs(5), load::request_once(&endpoint, probe))
+                .await;
+        if let Ok(Ok((200, body))) = answer
+            && String::from_utf8_lossy(&body).contains("world")
+        {
+            found.push(socket.clone());
+        }
+    }
+    match <[PathBuf; 1]>::try_from(found) {
+        Ok([socket]) => Ok(socket),
+        Err(found) => Err(BenchError::Setup(format!(
+            "expected exactly one instance socket under {} answering the function, found {found:?} \
+             among {candidates:?}",
+            run_root.display()
+        ))),
+    }
 }
 
 fn write(path: &Path, content: &str) -> Result<()> {
@@ -608,15 +628,36 @@ mod tests {
     }
 
     #[test]
-    fn socket_dirs_lists_only_directories_with_a_socket_file() {
+    fn socket_candidates_finds_both_layouts() {
         let dir = tempfile::tempdir().expect("tempdir");
         let run = dir.path().join("run");
-        assert!(socket_dirs(&run).expect("missing is empty").is_empty());
-        std::fs::create_dir_all(run.join("a")).expect("mkdir");
-        std::fs::create_dir_all(run.join("b")).expect("mkdir");
+        assert!(
+            socket_candidates(&run)
+                .expect("missing is empty")
+                .is_empty()
+        );
+        for sub in ["a", "b", "c/sock"] {
+            std::fs::create_dir_all(run.join(sub)).expect("mkdir");
+        }
         std::fs::write(run.join("b/fn.sock"), "").expect("write");
-        let found = socket_dirs(&run).expect("list");
-        assert_eq!(found.into_iter().collect::<Vec<_>>(), vec![run.join("b")]);
+        std::fs::write(run.join("c/sock/fn.sock"), "").expect("write");
+        assert_eq!(
+            socket_candidates(&run).expect("list"),
+            vec![run.join("b/fn.sock"), run.join("c/sock/fn.sock")]
+        );
+    }
+
+    #[tokio::test]
+    async fn function_socket_refuses_when_no_instance_answers() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let run = dir.path().join("run");
+        std::fs::create_dir_all(run.join("g1")).expect("mkdir");
+        // A socket file nobody listens on: a stale or generic instance.
+        std::fs::write(run.join("g1/fn.sock"), "").expect("write");
+        let err = function_socket(&run, &RequestTemplate::get("/"))
+            .await
+            .expect_err("nothing answers");
+        assert!(err.to_string().contains("exactly one"), "{err}");
     }
 
     #[test]

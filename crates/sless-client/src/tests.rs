@@ -386,7 +386,7 @@ async fn list_invocations(Query(q): Query<HashMap<String, String>>) -> axum::Jso
     pairs.sort();
     axum::Json(json!({"items": [{
         "id": "01J0", "function": "hello", "revision": 2, "source": "http",
-        "request_id": "req-1", "started_at": "2025-01-01T00:00:00.123Z", "duration_ms": 12,
+        "request_id": "req-1", "started_at": "2025-01-01T00:00:00.123Z", "duration_ms": 12.5,
         "status": 200, "cold_start": true, "error": pairs.join("&")
     }, {"id": "01J1", "function": "hello", "status": 500}]}))
 }
@@ -923,7 +923,7 @@ async fn lists_invocations_with_filters() {
     assert_eq!(all.len(), 2);
     assert_eq!(all[0].error.as_deref(), Some(""), "no filters sent");
     assert!(all[0].cold_start);
-    assert_eq!((all[0].duration_ms, all[0].revision), (12, 2));
+    assert_eq!((all[0].duration_ms, all[0].revision), (12.5, 2));
     // The second record omits most fields and still decodes.
     assert_eq!((all[1].status, all[1].error.as_deref()), (500, None));
 

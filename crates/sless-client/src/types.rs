@@ -283,7 +283,8 @@ pub struct Invocation {
     pub request_id: String,
     /// RFC 3339.
     pub started_at: String,
-    pub duration_ms: u64,
+    /// How long the call took, in milliseconds (fractional: the server measures finer).
+    pub duration_ms: f64,
     /// The HTTP status the caller saw.
     pub status: u16,
     /// The call waited for a new instance to start.

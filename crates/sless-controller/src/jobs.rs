@@ -197,6 +197,9 @@ impl Jobs {
                 }
                 (_, error) => {
                     let error = error.unwrap_or_default();
+                    // The attempt's last output lines may still be in the instance's
+                    // pipes (stdout and stderr are read separately); let them land.
+                    tokio::time::sleep(Duration::from_millis(150)).await;
                     status.message = self.failure_message(ns, &pool, &request_id, attempt, &error);
                     status.phase = JobPhase::Failed;
                     if attempt < job.spec.max_attempts {

@@ -99,7 +99,12 @@ pub struct ServeArgs {
     )]
     pub invocation_retention_count: u64,
     /// Do not record invocations (records already stored stay listable until retention removes them).
-    #[arg(long, env = "SLESS_NO_INVOCATION_RECORDS")]
+    /// (The variable takes true/false, 1/0, yes/no, on/off.)
+    #[arg(
+        long,
+        env = "SLESS_NO_INVOCATION_RECORDS",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub no_invocation_records: bool,
 }
 

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use chrono::{DateTime, Duration, SecondsFormat, SubsecRound, Utc};
 use sless_client::{Invocation, InvocationQuery};
 
 use super::{Ctx, table};
@@ -62,7 +62,8 @@ impl Since {
     fn to_rfc3339(&self, now: DateTime<Utc>) -> String {
         let at = match self {
             Since::At(at) => *at,
-            Since::Ago(ago) => now - *ago,
+            // Whole seconds read better in a URL; rounding down only widens the window.
+            Since::Ago(ago) => (now - *ago).trunc_subsecs(0),
         };
         at.to_rfc3339_opts(SecondsFormat::AutoSi, true)
     }
@@ -140,11 +141,14 @@ pub async fn run(ctx: &Ctx, args: InvocationsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn duration_text(ms: u64) -> String {
-    if ms < 1000 {
-        format!("{ms}ms")
+/// A call's duration: tenths of a millisecond for the quick ones, seconds for the slow.
+fn duration_text(ms: f64) -> String {
+    if ms < 10.0 {
+        format!("{ms:.1}ms")
+    } else if ms < 1000.0 {
+        format!("{ms:.0}ms")
     } else {
-        format!("{:.2}s", ms as f64 / 1000.0)
+        format!("{:.2}s", ms / 1000.0)
     }
 }
 
@@ -232,7 +236,7 @@ mod tests {
 
     #[test]
     fn since_takes_times_and_durations() {
-        let now = at("2025-03-01T12:00:00Z");
+        let now = at("2025-03-01T12:00:00.987654Z");
         let since = parse_since("10m").expect("duration");
         assert_eq!(since.to_rfc3339(now), "2025-03-01T11:50:00Z");
         // Offsets are turned into UTC, so the query string needs no '+'.
@@ -289,6 +293,13 @@ mod tests {
     }
 
     #[test]
+    fn durations_read_well() {
+        assert_eq!(duration_text(0.42), "0.4ms");
+        assert_eq!(duration_text(12.6), "13ms");
+        assert_eq!(duration_text(1520.0), "1.52s");
+    }
+
+    #[test]
     fn table_shows_one_row_per_call() {
         let records = [
             Invocation {
@@ -297,7 +308,7 @@ mod tests {
                 source: "http".into(),
                 request_id: "req-b".into(),
                 started_at: "2025-03-01T12:00:01.250Z".into(),
-                duration_ms: 1520,
+                duration_ms: 1520.0,
                 status: 500,
                 cold_start: true,
                 error: Some("ValueError:\n  bad input".into()),
@@ -309,7 +320,7 @@ mod tests {
                 source: "cron".into(),
                 request_id: "req-a".into(),
                 started_at: "2025-03-01T12:00:00Z".into(),
-                duration_ms: 12,
+                duration_ms: 12.4,
                 status: 200,
                 ..Invocation::default()
             },
