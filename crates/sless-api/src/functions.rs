@@ -85,15 +85,7 @@ pub async fn create(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
-    let Value::Object(mut fields) = body else {
-        return Err(ApiError::bad("body: must be a JSON object"));
-    };
-    let name = match fields.remove("name") {
-        Some(Value::String(name)) => name,
-        Some(_) => return Err(ApiError::bad("name: must be a string")),
-        None => return Err(ApiError::bad("name: required")),
-    };
-    sless_core::validate_name("name", &name)?;
+    let (name, fields) = crate::take_name(body)?;
     if !fields.contains_key("runtime") {
         return Err(ApiError::bad(
             "runtime: required (python3, nodejs, go or custom)",

@@ -82,15 +82,7 @@ pub async fn create(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
-    let Value::Object(mut fields) = body else {
-        return Err(ApiError::bad("body: must be a JSON object"));
-    };
-    let name = match fields.remove("name") {
-        Some(Value::String(name)) => name,
-        Some(_) => return Err(ApiError::bad("name: must be a string")),
-        None => return Err(ApiError::bad("name: required")),
-    };
-    sless_core::validate_name("name", &name)?;
+    let (name, fields) = crate::take_name(body)?;
     s.store.get_namespace(&ns).await?;
     let mut spec: JobSpec = serde_path_to_error::deserialize(Value::Object(fields))
         .map_err(|e| ApiError::bad(spec_error(e)))?;

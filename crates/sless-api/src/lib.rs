@@ -184,6 +184,21 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
     }
 }
 
+/// Splits a create request's body into the object's `name` (checked as a
+/// DNS label) and the remaining fields.
+pub(crate) fn take_name(body: Value) -> Result<(String, serde_json::Map<String, Value>), ApiError> {
+    let Value::Object(mut fields) = body else {
+        return Err(ApiError::bad("body: must be a JSON object"));
+    };
+    let name = match fields.remove("name") {
+        Some(Value::String(name)) => name,
+        Some(_) => return Err(ApiError::bad("name: must be a string")),
+        None => return Err(ApiError::bad("name: required")),
+    };
+    sless_core::validate_name("name", &name)?;
+    Ok((name, fields))
+}
+
 /// Reads a whole body, refusing it with `413` past `limit` bytes.
 pub(crate) async fn read_limited(req: Request, limit: usize) -> Result<Bytes, ApiError> {
     let (parts, body) = req.into_parts();

@@ -56,25 +56,27 @@ struct Options {
 /// A set of figures measured together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Group {
-    Rss,
+    // Declaration order is run order: the baselines that need no server first, so that
+    // nothing of the platform runs beside them, then the idle RSS of a fresh server.
     Bare,
+    PythonShim,
+    Rss,
     Deploy,
     ColdPython,
     ColdNode,
     WarmNode,
-    PythonShim,
     Scale,
 }
 
 impl Group {
     const ALL: [Group; 8] = [
-        Group::Rss,
         Group::Bare,
+        Group::PythonShim,
+        Group::Rss,
         Group::Deploy,
         Group::ColdPython,
         Group::ColdNode,
         Group::WarmNode,
-        Group::PythonShim,
         Group::Scale,
     ];
 
@@ -216,7 +218,6 @@ async fn measure_all(
     } = setup;
     let (plain_node, scratch) = (*plain_node, *scratch);
     let plan = Plan::new(opts.quick, usize::from(opts.connections));
-    // Order: the idle RSS first (nothing deployed yet), baselines next, then the platform.
     for group in groups {
         if group.needs_server() && slot.is_none() {
             let server = Server::start(&ServerConfig {
@@ -343,6 +344,14 @@ async fn run(opts: &Options) -> (Figures, Result<()>) {
     (figures, outcome)
 }
 
+/// The 1-minute load average from `/proc/loadavg`, `?` when unreadable.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
 fn main() -> ExitCode {
     let opts = Options::parse();
     // Two workers: the machine this runs on has two cores, shared with the server under
@@ -358,9 +367,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let load_before = load_average();
     let (figures, outcome) = runtime.block_on(run(&opts));
     if !figures.is_empty() {
         println!("{}", figures.table());
+        // Other work on the machine moves every figure; say how busy it was.
+        println!(
+            "_{} CPUs; load average {} at start, {} at end_\n",
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            load_before,
+            load_average()
+        );
         print!("{}", figures.key_values());
     }
     match outcome {

@@ -6,7 +6,7 @@ use sless_core::{JobSpec, JobStatus};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use crate::{Result, SqliteStore, StoreError};
+use crate::{Result, SqliteStore, StoreError, stamp, time};
 
 /// A job as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,16 +40,6 @@ pub trait JobStore: Send + Sync + 'static {
     -> Result<bool>;
     async fn set_job_code(&self, namespace: &str, name: &str, sha256: &str) -> Result<()>;
     async fn delete_job(&self, namespace: &str, name: &str) -> Result<()>;
-}
-
-fn stamp(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
-fn time(s: &str) -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339(s)
-        .map(|t| t.with_timezone(&Utc))
-        .unwrap_or_default()
 }
 
 fn from_row(row: &SqliteRow) -> Result<JobRecord> {

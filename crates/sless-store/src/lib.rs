@@ -125,3 +125,15 @@ pub trait Store: Send + Sync + 'static {
     /// The namespace a token hash belongs to, if any.
     async fn token_namespace(&self, hash: &str) -> Result<Option<String>>;
 }
+
+/// Timestamps are stored as RFC 3339 text with milliseconds.
+pub(crate) fn stamp(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// Reads a stored timestamp (an unreadable one, which this crate never writes, is the epoch).
+pub(crate) fn time(s: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&Utc))
+        .unwrap_or_default()
+}

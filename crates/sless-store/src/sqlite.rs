@@ -4,14 +4,14 @@ use std::path::Path;
 use std::str::FromStr;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
 use sqlx::{Row, SqlitePool};
 use tokio::sync::Mutex;
 
-use crate::{FunctionChange, FunctionRecord, Namespace, Result, Store, StoreError};
+use crate::{FunctionChange, FunctionRecord, Namespace, Result, Store, StoreError, time};
 
 /// Metadata in one SQLite file.
 pub struct SqliteStore {
@@ -62,13 +62,7 @@ impl SqliteStore {
 }
 
 fn now() -> String {
-    Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
-fn time(s: &str) -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339(s)
-        .map(|t| t.with_timezone(&Utc))
-        .unwrap_or_default()
+    crate::stamp(Utc::now())
 }
 
 fn function_from_row(row: &SqliteRow) -> Result<FunctionRecord> {

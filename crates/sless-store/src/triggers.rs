@@ -6,7 +6,7 @@ use sless_core::{TriggerSpec, TriggerStatus};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use crate::{Result, SqliteStore, StoreError};
+use crate::{Result, SqliteStore, StoreError, stamp, time};
 
 /// A trigger as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,16 +46,6 @@ pub trait TriggerStore: Send + Sync + 'static {
         namespace: &str,
         function: &str,
     ) -> Result<Vec<String>>;
-}
-
-fn stamp(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
-fn time(s: &str) -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339(s)
-        .map(|t| t.with_timezone(&Utc))
-        .unwrap_or_default()
 }
 
 fn from_row(row: &SqliteRow) -> Result<TriggerRecord> {

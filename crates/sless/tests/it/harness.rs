@@ -315,3 +315,23 @@ pub fn processes_with(data_dir: &std::path::Path) -> Vec<u32> {
     }
     found
 }
+
+/// An authenticated API request; the answer's status and JSON body (`null` if none).
+pub async fn send(
+    server: &Server,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = server
+        .client
+        .http()
+        .request(method, format!("{}{path}", server.url()))
+        .bearer_auth(TOKEN);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}

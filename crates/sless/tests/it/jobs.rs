@@ -2,28 +2,9 @@
 
 use serde_json::{Value, json};
 
-use crate::harness::{Server, TOKEN, processes_with, zip};
+use crate::harness::{Server, TOKEN, processes_with, send, zip};
 
 const WORKER: &str = "import time\n\ndef handle(event):\n    if event.get('fail'):\n        print('about to fail')\n        raise RuntimeError('job failed on purpose')\n    if event.get('sleep'):\n        time.sleep(event['sleep'])\n    return {'doubled': event.get('n', 0) * 2}\n";
-
-async fn send(
-    server: &Server,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut req = server
-        .client
-        .http()
-        .request(method, format!("{}{path}", server.url()))
-        .bearer_auth(TOKEN);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
 
 async fn wait(server: &Server, name: &str) -> Value {
     let (status, job) = send(

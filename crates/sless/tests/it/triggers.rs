@@ -4,28 +4,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::harness::{Server, TOKEN};
+use crate::harness::{Server, send};
 
 const ECHO: &str = "def handle(event):\n    print('fired', event.get('fired_at') if 'fired_at' in event else event.get('path'))\n    return {'path': event.get('path'), 'method': event.get('method'), 'event': event}\n";
-
-async fn send(
-    server: &Server,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut req = server
-        .client
-        .http()
-        .request(method, format!("{}{path}", server.url()))
-        .bearer_auth(TOKEN);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
 
 #[tokio::test]
 async fn http_triggers_route_enable_disable_and_go_with_their_function() {
