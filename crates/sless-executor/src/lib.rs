@@ -132,7 +132,8 @@ pub struct Executor {
     cfg: Arc<ExecutorConfig>,
     sandbox: Arc<Sandbox>,
     logs: Arc<LogStore>,
-    pools: RwLock<HashMap<(String, String), Arc<Pool>>>,
+    /// Namespace → function → pool; nested so lookups by `&str` allocate nothing.
+    pools: RwLock<HashMap<String, HashMap<String, Arc<Pool>>>>,
     next_instance: Arc<AtomicU64>,
     warm: Option<Arc<WarmPool>>,
 }
@@ -186,9 +187,7 @@ impl Executor {
 
     fn pool(&self, namespace: &str, name: &str) -> Option<Arc<Pool>> {
         let pools = self.pools.read().unwrap_or_else(|e| e.into_inner());
-        pools
-            .get(&(namespace.to_string(), name.to_string()))
-            .cloned()
+        pools.get(namespace)?.get(name).cloned()
     }
 
     fn all_pools(&self) -> Vec<Arc<Pool>> {
@@ -196,7 +195,7 @@ impl Executor {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .values()
-            .cloned()
+            .flat_map(|fns| fns.values().cloned())
             .collect()
     }
 
@@ -205,11 +204,12 @@ impl Executor {
     /// the old revision's instances are draining; a revision whose instances cannot
     /// start is not switched to, and the old one keeps serving.
     pub async fn deploy(&self, deployment: Deployment) -> Result<(), DeployError> {
-        let key = (deployment.namespace.clone(), deployment.name.clone());
         let pool = {
             let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
             pools
-                .entry(key)
+                .entry(deployment.namespace.clone())
+                .or_default()
+                .entry(deployment.name.clone())
                 .or_insert_with(|| {
                     Pool::new(
                         self.cfg.clone(),
@@ -243,11 +243,14 @@ impl Executor {
     /// Stops serving a function: from now on it is unknown; its instances finish
     /// what they are doing and stop.
     pub fn remove(&self, namespace: &str, name: &str) {
-        let pool = self
-            .pools
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(namespace.to_string(), name.to_string()));
+        let pool = {
+            let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
+            let pool = pools.get_mut(namespace).and_then(|fns| fns.remove(name));
+            if pools.get(namespace).is_some_and(HashMap::is_empty) {
+                pools.remove(namespace);
+            }
+            pool
+        };
         if let Some(pool) = pool {
             pool.close();
         }
@@ -294,7 +297,7 @@ impl Executor {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .drain()
-            .map(|(_, p)| p)
+            .flat_map(|(_, fns)| fns.into_values())
             .collect();
         for pool in &pools {
             pool.close();

@@ -1,9 +1,14 @@
 //! Building the handler's `event` from an HTTP request, as the contract defines it:
 //! `{"method", "path", "query", "headers", "body", "_accept"}`.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
 use axum::http::{HeaderMap, Method};
 use bytes::Bytes;
-use serde_json::{Map, Value};
+use serde::Serialize;
+use serde::ser::{SerializeMap, Serializer};
+use serde_json::value::RawValue;
 
 /// Headers that describe one hop, not the request; they never reach a function.
 pub(crate) const HOP_BY_HOP: &[&str] = &[
@@ -17,7 +22,8 @@ pub(crate) const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
-/// Encodes the event as JSON bytes.
+/// Encodes the event as JSON bytes. This is on every request's path, so it is
+/// serialised straight from the request's parts, borrowing wherever it can.
 pub(crate) fn http_event(
     method: &Method,
     path: &str,
@@ -25,30 +31,6 @@ pub(crate) fn http_event(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Bytes {
-    let mut q = Map::new();
-    if let Some(query) = query {
-        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
-            q.insert(k.into_owned(), Value::String(v.into_owned()));
-        }
-    }
-    let mut h = Map::new();
-    for (name, value) in headers {
-        let name = name.as_str();
-        if HOP_BY_HOP.contains(&name) {
-            continue;
-        }
-        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-        match h.get_mut(name) {
-            // Repeated headers are joined, as HTTP allows for list-valued fields.
-            Some(Value::String(existing)) => {
-                existing.push_str(", ");
-                existing.push_str(&value);
-            }
-            _ => {
-                h.insert(name.to_string(), Value::String(value));
-            }
-        }
-    }
     let content_type = headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -64,39 +46,107 @@ pub(crate) fn http_event(
         .get(axum::http::header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let event = serde_json::json!({
-        "method": method.as_str(),
-        "path": path,
-        "query": q,
-        "headers": h,
-        "body": parse_body(&content_type, body),
-        "_accept": accept,
-    });
+    let event = HttpEvent {
+        method: method.as_str(),
+        path,
+        query: Form(query.map(str::as_bytes).unwrap_or_default()),
+        headers: Headers(headers),
+        body: EventBody::parse(&content_type, body),
+        _accept: accept,
+    };
     Bytes::from(serde_json::to_vec(&event).unwrap_or_default())
 }
 
-fn parse_body(content_type: &str, body: &[u8]) -> Value {
-    let is_json = content_type == "application/json" || content_type.ends_with("+json");
-    if is_json
-        && !body.is_empty()
-        && let Ok(v) = serde_json::from_slice(body)
-    {
-        return v;
+#[derive(Serialize)]
+struct HttpEvent<'a> {
+    method: &'a str,
+    path: &'a str,
+    query: Form<'a>,
+    headers: Headers<'a>,
+    body: EventBody<'a>,
+    _accept: &'a str,
+}
+
+/// `application/x-www-form-urlencoded` pairs as a map; the last value of a key wins.
+struct Form<'a>(&'a [u8]);
+
+impl Serialize for Form<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let pairs: BTreeMap<Cow<'_, str>, Cow<'_, str>> = form_urlencoded::parse(self.0).collect();
+        s.collect_map(pairs)
     }
-    if content_type == "application/x-www-form-urlencoded" {
-        let mut form = Map::new();
-        for (k, v) in form_urlencoded::parse(body) {
-            form.insert(k.into_owned(), Value::String(v.into_owned()));
+}
+
+/// Header names (lowercase) to values, hop-by-hop headers left out and repeated
+/// headers joined with `, `, as HTTP allows for list-valued fields.
+struct Headers<'a>(&'a HeaderMap);
+
+impl Serialize for Headers<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        for name in self.0.keys() {
+            if HOP_BY_HOP.contains(&name.as_str()) {
+                continue;
+            }
+            let mut values = self.0.get_all(name).iter();
+            let first = values
+                .next()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()))
+                .unwrap_or_default();
+            match values.next() {
+                None => map.serialize_entry(name.as_str(), &first)?,
+                Some(second) => {
+                    let mut joined = first.into_owned();
+                    for v in std::iter::once(second).chain(values) {
+                        joined.push_str(", ");
+                        joined.push_str(&String::from_utf8_lossy(v.as_bytes()));
+                    }
+                    map.serialize_entry(name.as_str(), &joined)?;
+                }
+            }
         }
-        return Value::Object(form);
+        map.end()
     }
-    Value::String(String::from_utf8_lossy(body).into_owned())
+}
+
+/// The body as the handler sees it: parsed JSON, a form map, or text.
+enum EventBody<'a> {
+    Json(&'a RawValue),
+    Form(Form<'a>),
+    Text(Cow<'a, str>),
+}
+
+impl<'a> EventBody<'a> {
+    fn parse(content_type: &str, body: &'a [u8]) -> Self {
+        let is_json = content_type == "application/json" || content_type.ends_with("+json");
+        if is_json
+            && !body.is_empty()
+            && let Ok(raw) = serde_json::from_slice::<&RawValue>(body)
+        {
+            return EventBody::Json(raw);
+        }
+        if content_type == "application/x-www-form-urlencoded" {
+            return EventBody::Form(Form(body));
+        }
+        EventBody::Text(String::from_utf8_lossy(body))
+    }
+}
+
+impl Serialize for EventBody<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            EventBody::Json(raw) => raw.serialize(s),
+            EventBody::Form(form) => form.serialize(s),
+            EventBody::Text(text) => s.serialize_str(text),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+    use serde_json::Value;
 
     fn event(
         method: Method,

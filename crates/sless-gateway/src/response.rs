@@ -57,6 +57,11 @@ pub fn result_response(ok: bool, body: &Bytes) -> Response {
     let first = body.iter().copied().find(|b| !b.is_ascii_whitespace());
     // Only objects (which may be a statusCode response) and strings need a look
     // inside; every other JSON value is passed through as it came.
+    // An object without a "statusCode" key anywhere in it maps to itself: no need
+    // to parse it (the common case, on every request's path).
+    if first == Some(b'{') && !contains(body, b"\"statusCode\"") {
+        return plain(StatusCode::OK, JSON, body.clone());
+    }
     let value: Value = match first {
         Some(b'{') | Some(b'"') => match serde_json::from_slice(body) {
             Ok(v) => v,
@@ -73,6 +78,10 @@ pub fn result_response(ok: bool, body: &Bytes) -> Response {
         Value::Object(map) if map.get("statusCode").is_some_and(|v| v.is_u64()) => structured(map),
         _ => plain(StatusCode::OK, JSON, body.clone()),
     }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// `{"statusCode": N, "headers": {...}, "body": ..., "isBase64Encoded": bool}`.
