@@ -265,6 +265,22 @@ pub async fn upload_code(
             "archive is larger than the limit of {limit} bytes"
         )));
     }
+    let sha = store_archive(&s, archive).await?;
+    let record = s
+        .store
+        .update_function(&ns, &name, FunctionChange::Code(sha.clone()))
+        .await?;
+    s.controller.enqueue(&ns, &name);
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"revision": record.revision, "code_sha256": sha})),
+    )
+        .into_response())
+}
+
+/// Checks an uploaded archive without unpacking it (unsafe paths and links are
+/// `400`, size limits `413`) and stores it by its sha256, which it returns.
+pub(crate) async fn store_archive(s: &AppState, archive: Bytes) -> Result<String, ApiError> {
     let limits = s.archive_limits;
     let inspected = {
         let archive = archive.clone();
@@ -278,21 +294,10 @@ pub async fn upload_code(
             other => ApiError::bad(format!("code: {other}")),
         });
     }
-    let sha = s
-        .blobs
+    s.blobs
         .put(archive)
         .await
-        .map_err(|e| ApiError::Internal(e.into()))?;
-    let record = s
-        .store
-        .update_function(&ns, &name, FunctionChange::Code(sha.clone()))
-        .await?;
-    s.controller.enqueue(&ns, &name);
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(json!({"revision": record.revision, "code_sha256": sha})),
-    )
-        .into_response())
+        .map_err(|e| ApiError::Internal(e.into()))
 }
 
 pub async fn source(

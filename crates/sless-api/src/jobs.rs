@@ -224,25 +224,8 @@ pub async fn upload_code(
             "expected Content-Type: application/zip, got {content_type:?}"
         )));
     }
-    let limits = s.archive_limits;
-    let archive = read_limited(req, limits.max_compressed as usize).await?;
-    let checked = {
-        let archive = archive.clone();
-        tokio::task::spawn_blocking(move || sless_blob::inspect_zip(&archive, &limits))
-            .await
-            .map_err(|e| ApiError::Internal(e.into()))?
-    };
-    if let Err(e) = checked {
-        return Err(match e {
-            sless_blob::ArchiveError::TooLarge(m) => ApiError::TooLarge(m),
-            other => ApiError::bad(format!("code: {other}")),
-        });
-    }
-    let sha = s
-        .blobs
-        .put(archive)
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))?;
+    let archive = read_limited(req, s.archive_limits.max_compressed as usize).await?;
+    let sha = crate::functions::store_archive(&s, archive).await?;
     s.job_store.set_job_code(&ns, &name, &sha).await?;
     if job.spec.run_id != 0
         && !(job.status.run_id == job.spec.run_id && job.status.phase.is_terminal())
