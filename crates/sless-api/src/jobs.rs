@@ -145,23 +145,10 @@ pub async fn patch(
     JsonBody(patch): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
-    let Value::Object(fields) = &patch else {
-        return Err(ApiError::bad("body: a patch must be a JSON object"));
-    };
-    if let Some(unknown) = fields
-        .keys()
-        .find(|k| !sless_core::job::JOB_FIELDS.contains(&k.as_str()))
-    {
-        return Err(ApiError::bad(format!(
-            "{unknown}: unknown field (it cannot be changed with PATCH)"
-        )));
-    }
+    // Patches of one job are applied one at a time so none is lost.
     let _serial = s.job_patch_lock.lock().await;
     let current = s.job_store.get_job(&ns, &name).await?;
-    let mut doc = serde_json::to_value(&current.spec).map_err(|e| ApiError::Internal(e.into()))?;
-    sless_core::patch::merge(&mut doc, &patch);
-    let mut spec: JobSpec =
-        serde_path_to_error::deserialize(doc).map_err(|e| ApiError::bad(spec_error(e)))?;
+    let mut spec: JobSpec = crate::patch_spec(&current.spec, &patch, sless_core::job::JOB_FIELDS)?;
     spec.validate()?;
     let rerun = spec.run_id != current.spec.run_id;
     if rerun && spec.run_id != 0 && spec.run_id < current.spec.run_id {

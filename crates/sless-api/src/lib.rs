@@ -199,6 +199,26 @@ pub(crate) fn take_name(body: Value) -> Result<(String, serde_json::Map<String, 
     Ok((name, fields))
 }
 
+/// Applies a JSON merge patch to a spec: the patch must be an object naming only
+/// `allowed` fields, and the result must decode (errors name the field). The
+/// caller validates the patched spec and serialises concurrent patches.
+pub(crate) fn patch_spec<T>(current: &T, patch: &Value, allowed: &[&str]) -> Result<T, ApiError>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned,
+{
+    let Value::Object(fields) = patch else {
+        return Err(ApiError::bad("body: a patch must be a JSON object"));
+    };
+    if let Some(unknown) = fields.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(ApiError::bad(format!(
+            "{unknown}: unknown field (it cannot be changed with PATCH)"
+        )));
+    }
+    let mut doc = serde_json::to_value(current).map_err(|e| ApiError::Internal(e.into()))?;
+    sless_core::patch::merge(&mut doc, patch);
+    serde_path_to_error::deserialize(doc).map_err(|e| ApiError::bad(functions::spec_error(e)))
+}
+
 /// Reads a whole body, refusing it with `413` past `limit` bytes.
 pub(crate) async fn read_limited(req: Request, limit: usize) -> Result<Bytes, ApiError> {
     let (parts, body) = req.into_parts();

@@ -125,24 +125,11 @@ pub async fn patch(
     JsonBody(patch): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
-    let Value::Object(fields) = &patch else {
-        return Err(ApiError::bad("body: a patch must be a JSON object"));
-    };
-    if let Some(unknown) = fields
-        .keys()
-        .find(|k| !sless_core::trigger::TRIGGER_FIELDS.contains(&k.as_str()))
-    {
-        return Err(ApiError::bad(format!(
-            "{unknown}: unknown field (it cannot be changed with PATCH)"
-        )));
-    }
     // Patches of one trigger are applied one at a time so none is lost.
     let _serial = s.trigger_patch_lock.lock().await;
     let current = s.trigger_store.get_trigger(&ns, &name).await?;
-    let mut doc = serde_json::to_value(&current.spec).map_err(|e| ApiError::Internal(e.into()))?;
-    sless_core::patch::merge(&mut doc, &patch);
     let mut spec: TriggerSpec =
-        serde_path_to_error::deserialize(doc).map_err(|e| ApiError::bad(spec_error(e)))?;
+        crate::patch_spec(&current.spec, &patch, sless_core::trigger::TRIGGER_FIELDS)?;
     if spec.kind != current.spec.kind {
         return Err(ApiError::bad(
             "type: a trigger's type cannot change; create a new trigger",
