@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
+use hyper::header::{self, HeaderName, HeaderValue};
 use hyper_util::rt::TokioIo;
 use sless_core::RuntimeFamily;
 use sless_logs::LogSink;
@@ -245,21 +246,11 @@ impl Instance {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default();
-            (now + t).as_millis().to_string()
+            u64::try_from((now + t).as_millis()).unwrap_or(u64::MAX)
         });
         let work = async {
             let mut sender = self.checkout().await?;
-            let mut builder = hyper::Request::post("/_sless/invoke")
-                .header(hyper::header::HOST, "instance")
-                .header(hyper::header::CONTENT_TYPE, "application/json")
-                .header("x-sless-request-id", &req.request_id)
-                .header("x-sless-source", req.source);
-            if let Some(deadline) = &deadline_ms {
-                builder = builder.header("x-sless-deadline-ms", deadline);
-            }
-            let request = builder
-                .body(Full::new(req.event.clone()))
-                .map_err(|e| CallError::Failed(e.to_string()))?;
+            let request = invoke_request(req, deadline_ms)?;
             let resp = sender.send_request(request).await.map_err(|e| {
                 CallError::Failed(format!("instance failed without answering ({e})"))
             })?;
@@ -338,6 +329,36 @@ impl Instance {
     pub fn cleanup(&self) {
         let _ = std::fs::remove_dir_all(&self.run_dir);
     }
+}
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-sless-request-id");
+const SOURCE: HeaderName = HeaderName::from_static("x-sless-source");
+const DEADLINE_MS: HeaderName = HeaderName::from_static("x-sless-deadline-ms");
+
+/// `POST /_sless/invoke` carrying `req` (the header names and fixed values are
+/// constants: this is built once per invocation).
+fn invoke_request(
+    req: &InvokeRequest,
+    deadline_ms: Option<u64>,
+) -> Result<hyper::Request<Full<Bytes>>, CallError> {
+    let mut request = hyper::Request::new(Full::new(req.event.clone()));
+    *request.method_mut() = hyper::Method::POST;
+    *request.uri_mut() = hyper::Uri::from_static("/_sless/invoke");
+    let request_id = HeaderValue::from_str(&req.request_id)
+        .map_err(|_| CallError::Failed("the request id is not a valid header value".into()))?;
+    let headers = request.headers_mut();
+    headers.reserve(5);
+    headers.insert(header::HOST, HeaderValue::from_static("instance"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(REQUEST_ID, request_id);
+    headers.insert(SOURCE, HeaderValue::from_static(req.source));
+    if let Some(deadline) = deadline_ms {
+        headers.insert(DEADLINE_MS, HeaderValue::from(deadline));
+    }
+    Ok(request)
 }
 
 /// Spawns `spec` in the sandbox, copies its output into `sink`, waits for its

@@ -377,7 +377,7 @@ impl Pool {
     pub async fn invoke(&self, request: InvokeRequest) -> Result<InvokeResponse, InvokeError> {
         let deadline = tokio::time::Instant::now() + self.cfg.queue_timeout;
         let mut cold_start = false;
-        let (instance, deployment) = loop {
+        let (instance, timeout_sec) = loop {
             let notified = self.notify.notified();
             let seen_failures;
             {
@@ -390,7 +390,7 @@ impl Pool {
                 }
                 if let Some(instance) = pick(&st) {
                     instance.inflight.fetch_add(1, Ordering::AcqRel);
-                    break (instance, st.deployment.clone());
+                    break (instance, st.deployment.timeout_sec);
                 }
                 if st.waiters >= self.cfg.max_queue {
                     return Err(InvokeError::Unavailable(format!(
@@ -433,7 +433,7 @@ impl Pool {
             pool: self,
             instance: &instance,
         };
-        let timeout = match deployment.timeout_sec {
+        let timeout = match timeout_sec {
             0 => None,
             s => Some(Duration::from_secs(u64::from(s))),
         };
@@ -448,6 +448,7 @@ impl Pool {
                 // The handler may be stuck (a busy loop cannot be interrupted), so the
                 // instance takes no more requests and is replaced.
                 let mut st = self.lock();
+                let name = st.deployment.name.clone();
                 if let Some(pos) = st.instances.iter().position(|i| Arc::ptr_eq(i, &instance)) {
                     let retired = st.instances.remove(pos);
                     self.sink.line(
@@ -461,8 +462,8 @@ impl Pool {
                     self.ensure_min(&mut st);
                 }
                 Err(InvokeError::Timeout {
-                    name: deployment.name.clone(),
-                    seconds: deployment.timeout_sec,
+                    name,
+                    seconds: timeout_sec,
                 })
             }
             Err(CallError::Failed(why)) => {

@@ -130,7 +130,7 @@ pub fn request_id(headers: &HeaderMap) -> String {
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 200)
         .map(str::to_string)
-        .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()))
+        .unwrap_or_else(|| hex::encode(rand::random::<u128>().to_be_bytes()))
 }
 
 async fn handle(gw: Gateway, ns: String, name: String, path: String, req: Request) -> Response {

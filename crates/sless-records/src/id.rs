@@ -21,7 +21,10 @@ pub fn new_id() -> String {
     let millis = chrono::Utc::now().timestamp_millis().max(0) as u64;
     let value = next_value(&LAST, millis);
     let salt = *SALT.get_or_init(rand::random::<u32>);
-    format!("{value:016x}{salt:08x}")
+    let mut bytes = [0u8; 12];
+    bytes[..8].copy_from_slice(&value.to_be_bytes());
+    bytes[8..].copy_from_slice(&salt.to_be_bytes());
+    hex::encode(bytes)
 }
 
 /// The next value after the last one handed out, and no earlier than `millis`.

@@ -130,9 +130,22 @@ pub trait InvocationStore: Send + Sync + 'static {
     async fn prune(&self, max_age: Duration, max_count: u64) -> Result<u64>;
 }
 
-/// Rows bound per `INSERT` statement: 11 parameters each stays well below
-/// SQLite's limit of 32766 variables per statement.
-const INSERT_CHUNK: usize = 500;
+/// Rows per `INSERT` statement. A batch is cut into chunks of these sizes (largest
+/// first), so only these few statements are ever prepared and they stay in the
+/// connection's statement cache: preparing a statement of a new length for every
+/// batch cost more than inserting its rows. At 11 parameters a row the largest
+/// stays well below SQLite's limit of 32766 variables per statement.
+const INSERT_CHUNKS: [usize; 5] = [256, 64, 16, 4, 1];
+
+/// `records` cut into chunks whose lengths are all in [`INSERT_CHUNKS`].
+fn insert_chunks(mut records: &[InvocationRecord]) -> impl Iterator<Item = &[InvocationRecord]> {
+    std::iter::from_fn(move || {
+        let size = INSERT_CHUNKS.into_iter().find(|&n| n <= records.len())?;
+        let (chunk, rest) = records.split_at(size);
+        records = rest;
+        Some(chunk)
+    })
+}
 /// Rows deleted per statement while pruning, so a large prune never holds the
 /// database's write lock long enough to stall the recorder's inserts.
 const DELETE_CHUNK: i64 = 5000;
@@ -171,7 +184,7 @@ impl InvocationStore for SqliteStore {
             return Ok(());
         }
         let mut tx = self.pool().begin().await?;
-        for chunk in records.chunks(INSERT_CHUNK) {
+        for chunk in insert_chunks(records) {
             let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(
                 "INSERT INTO invocations (id, namespace, function, revision, source, request_id, \
                  started_at, duration_us, status, cold_start, error) ",
@@ -310,6 +323,36 @@ mod tests {
 
     fn ids(records: &[InvocationRecord]) -> Vec<&str> {
         records.iter().map(|r| r.id.as_str()).collect()
+    }
+
+    #[test]
+    fn batches_are_cut_into_the_few_cached_statement_sizes() {
+        let records: Vec<_> = (0..597)
+            .map(|i| rec(&format!("{i}"), "t", "f", at(0)))
+            .collect();
+        let sizes: Vec<usize> = insert_chunks(&records).map(<[_]>::len).collect();
+        assert_eq!(sizes, [256, 256, 64, 16, 4, 1]);
+        assert_eq!(insert_chunks(&records[..0]).count(), 0);
+        // Every record is in exactly one chunk, in order.
+        let back: Vec<&str> = insert_chunks(&records).flat_map(ids).collect();
+        assert_eq!(back, ids(&records));
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_several_chunks_is_written_whole() {
+        let store = SqliteStore::in_memory().await.unwrap();
+        let records: Vec<_> = (0..341)
+            .map(|i| rec(&format!("{i:04}"), "team", "f", at(1000 - i)))
+            .collect();
+        store.insert_batch(&records).await.unwrap();
+        let filter = InvocationFilter {
+            limit: Some(1000),
+            ..InvocationFilter::default()
+        };
+        let got = store.list("team", &filter).await.unwrap();
+        assert_eq!(got.len(), 341);
+        assert_eq!(got[0].id, "0340");
+        assert_eq!(got[340].id, "0000");
     }
 
     #[tokio::test]
