@@ -268,12 +268,16 @@ def _json_default(value):
     raise _Unserializable(type(value).__name__)
 
 
+# Built once: json.dumps with non-default options would build a new encoder for every result.
+_encode_json = json.JSONEncoder(
+    default=_json_default, allow_nan=False, separators=(",", ":")
+).encode
+
+
 def encode_result(result):
     """Returns ``(status, body)`` for a handler's return value."""
     try:
-        body = json.dumps(
-            result, default=_json_default, allow_nan=False, separators=(",", ":")
-        ).encode("utf-8")
+        body = _encode_json(result).encode("utf-8")
     except _Unserializable as exc:
         return 500, error_body("result is not JSON serializable: %s" % exc)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -342,7 +346,7 @@ class Invoker:
         try:
             try:
                 result = self.entry.func(*self._args(event, headers))
-                if inspect.isawaitable(result):
+                if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
                     # A plain function that returns a coroutine: run it on a loop, wait here.
                     loop = self._coroutine_loop()
                     result = asyncio.run_coroutine_threadsafe(_await(result), loop).result()
@@ -387,6 +391,10 @@ class Invoker:
         if status != 200:
             log("request %s: %s" % (rid or "-", body.decode("utf-8")))
         return status, body
+
+
+# Results that are certainly not awaitable, checked before the slower inspect.isawaitable().
+_PLAIN_RESULTS = frozenset((dict, list, str, bytes, int, float, bool, type(None), tuple))
 
 
 async def _await(awaitable):
@@ -439,26 +447,26 @@ def parse_head(head):
     Header names are lowercased; a repeated header keeps its last value, except Content-Length,
     whose copies must agree.
     """
-    lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ")
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
     if len(parts) != 3:
         raise HttpError(400, "malformed request line")
     method, target, version = parts
-    if version == b"HTTP/1.1":
+    if version == "HTTP/1.1":
         keep_alive = True
-    elif version == b"HTTP/1.0":
+    elif version == "HTTP/1.0":
         keep_alive = False
-    elif version.startswith(b"HTTP/"):
+    elif version.startswith("HTTP/"):
         raise HttpError(505, "unsupported HTTP version")
     else:
         raise HttpError(400, "malformed request line")
     headers = {}
     for line in lines[1:]:
-        name, sep, value = line.partition(b":")
+        name, sep, value = line.partition(":")
         if not sep or not name or name != name.strip():
             raise HttpError(400, "malformed header line")
-        key = name.decode("latin-1").lower()
-        val = value.strip().decode("latin-1")
+        key = name.lower()
+        val = value.strip(" \t")
         if key == "content-length" and key in headers and headers[key] != val:
             raise HttpError(400, "conflicting Content-Length headers")
         headers[key] = val
@@ -469,8 +477,8 @@ def parse_head(head):
             keep_alive = False
         elif "keep-alive" in tokens:
             keep_alive = True
-    path = target.split(b"?", 1)[0].decode("latin-1")
-    return method.decode("latin-1"), path, headers, keep_alive
+    path = target.split("?", 1)[0]
+    return method, path, headers, keep_alive
 
 
 def content_length(headers):
@@ -823,18 +831,18 @@ class Server:
                     os.write(self.watch_w, b"x")
             try:
                 status, body = app.invoker.call_sync(request.body, request.headers)
+                self._respond(conn, request, status, body, JSON_TYPE, gen)
             finally:
+                # One lock round per request: the slot is given back once the answer is sent.
                 with self.lock:
                     self.running -= 1
+                    self.inflight -= 1
                     if leader:
                         self.in_call = False
                         leader = self.leader_gen == gen
                     waiting = self.backlog.popleft() if self.backlog else None
-            self._respond(conn, request, status, body, b"application/json", gen)
-            with self.lock:
-                self.inflight -= 1
-                if self.stopping:
-                    self.cond.notify_all()
+                    if self.stopping:
+                        self.cond.notify_all()
             if not leader:
                 gen = -1  # deposed meanwhile: finish this connection as a worker
             if waiting is not None:
