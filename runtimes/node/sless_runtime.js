@@ -342,21 +342,17 @@ function makeServer(app) {
     }
 
     state.inflight += 1;
-    let settled = false;
-    const settle = () => {
-      if (settled) return;
-      settled = true;
+    // 'close' comes once the answer is sent, or when the client went away before it: either
+    // way this request no longer counts.
+    res.on('close', () => {
       state.inflight -= 1;
       if (state.stopping && state.inflight === 0 && state.onDrained) state.onDrained();
-    };
+    });
     const chunks = [];
     req.on('data', (chunk) => chunks.push(chunk));
     req.on('end', () => {
-      invoke(req, res, chunks.length === 1 ? chunks[0] : Buffer.concat(chunks)).finally(settle);
+      invoke(req, res, chunks.length === 1 ? chunks[0] : Buffer.concat(chunks));
     });
-    // The client went away mid-body; there is nobody to answer.
-    req.on('error', settle);
-    req.on('aborted', settle);
   });
   // The platform pools connections and keeps them open while the instance lives: no idle
   // timeout, and no limit on how long a request (the handler run) may take; the platform
