@@ -395,6 +395,10 @@ class Invoker:
         return status, body
 
 
+# The platform sends events as UTF-8 JSON; decoding the text directly skips json.loads'
+# encoding detection.
+_decode_json = json.JSONDecoder().decode
+
 # Results that are certainly not awaitable, checked before the slower inspect.isawaitable().
 _PLAIN_RESULTS = frozenset((dict, list, str, bytes, int, float, bool, type(None), tuple))
 
@@ -443,6 +447,9 @@ def build_response(status, body, content_type=b"application/json", close=False):
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
+_WHITESPACE = " \t\r\n\x0b\x0c"
+
+
 def parse_head(head):
     """Parses a request head (without the blank line) into ``(method, path, headers, keep_alive)``.
 
@@ -465,7 +472,7 @@ def parse_head(head):
     headers = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
+        if not sep or not name or name[0] in _WHITESPACE or name[-1] in _WHITESPACE:
             raise HttpError(400, "malformed header line")
         key = name.lower()
         val = value.strip(" \t")
@@ -525,6 +532,8 @@ class RequestReader:
             return request
         buf = self.buf
         if self.head is None:
+            if not buf:
+                return None
             # Tolerate empty lines between requests (RFC 9112 section 2.2).
             while buf[:2] == b"\r\n":
                 del buf[:2]
@@ -969,7 +978,7 @@ class App:
                 return 503, error_body("no function loaded"), JSON_TYPE
             if request.body:
                 try:
-                    request.body = json.loads(request.body)
+                    request.body = _decode_json(request.body.decode("utf-8"))
                 except ValueError as exc:
                     return 400, error_body("invalid JSON event: %s" % exc), JSON_TYPE
             else:
@@ -1098,6 +1107,10 @@ class TaggedStream:
         return getattr(self._stream, name)
 
 
+# The streams configure_streams() tagged; a request's unfinished lines are flushed from these.
+_TAGGED_STREAMS = []
+
+
 def configure_streams():
     """Makes stdout/stderr line-buffered (log lines reach the platform immediately) and tags the
     lines handlers write with their request id."""
@@ -1108,14 +1121,16 @@ def configure_streams():
         except (AttributeError, ValueError):
             pass
         if not isinstance(stream, TaggedStream):
-            setattr(sys, name, TaggedStream(stream))
+            stream = TaggedStream(stream)
+            setattr(sys, name, stream)
+        if stream not in _TAGGED_STREAMS:
+            _TAGGED_STREAMS.append(stream)
 
 
 def _end_request_output(rid):
-    for stream in (sys.stdout, sys.stderr):
-        end = getattr(stream, "end_request", None)
-        if end is not None:
-            end(rid)
+    for stream in _TAGGED_STREAMS:
+        if stream._partial:
+            stream.end_request(rid)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1184,7 +1199,7 @@ def _warm_up():
     reader = RequestReader()
     reader.buf += b"POST /_sless/invoke HTTP/1.1\r\nContent-Length: 2\r\nx-sless-request-id: w\r\n\r\n{}"
     request = reader.next_request()
-    json.loads(request.body)
+    _decode_json(request.body.decode("utf-8"))
     encode_result({"warm": [1, 2.5, None, True]})
     build_response(200, b"{}")
     inspect.signature(_warm_up)

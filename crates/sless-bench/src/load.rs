@@ -1,5 +1,7 @@
 //! A lean closed-loop HTTP/1.1 load generator: N keep-alive connections, each sending one
-//! request after another for a fixed time, over TCP or a Unix socket.
+//! request after another for a fixed time, over TCP or a Unix socket. The loop speaks HTTP
+//! through [`crate::wire`] (a request prepared once as bytes, responses framed by
+//! `Content-Length`); probes use hyper.
 //!
 //! Every comparison in the bench (gateway vs direct, gateway vs plain Node, shim vs
 //! `ThreadingHTTPServer`) uses this one generator with the same settings, so the generator's
@@ -19,6 +21,7 @@ use tokio::net::{TcpStream, UnixStream};
 
 use crate::error::{BenchError, Result};
 use crate::stats;
+use crate::wire::WireConn;
 
 /// How long one request may take before it counts as failed; bounds every run in time.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -88,6 +91,28 @@ impl RequestTemplate {
             HeaderValue::from_static(value),
         ));
         self
+    }
+
+    /// The whole request as it goes on the wire, for the load loop: the same head and body
+    /// as [`RequestTemplate::build`] makes for hyper.
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(256 + self.body.len());
+        out.extend_from_slice(self.method.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(self.path.as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\nhost: localhost\r\n");
+        if !self.body.is_empty() || self.method == Method::POST {
+            out.extend_from_slice(format!("content-length: {}\r\n", self.body.len()).as_bytes());
+        }
+        for (name, value) in &self.headers {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&self.body);
+        out
     }
 
     fn build(&self) -> Result<Request<Full<Bytes>>> {
@@ -359,19 +384,20 @@ async fn connection_loop(
     until: Instant,
 ) -> Tally {
     let mut tally = Tally::default();
-    let mut sender: Option<SendRequest<Full<Bytes>>> = None;
+    let request = template.to_bytes();
+    let mut conn: Option<WireConn> = None;
     let mut connect_failures = 0u32;
     while Instant::now() < until {
-        let mut current = match sender.take() {
-            Some(s) if !s.is_closed() => s,
-            _ => match connect(endpoint).await {
-                Ok(s) => {
+        let mut current = match conn.take() {
+            Some(c) if c.reusable() => c,
+            _ => match WireConn::connect(endpoint).await {
+                Ok(c) => {
                     connect_failures = 0;
-                    s
+                    c
                 }
                 Err(e) => {
                     tally.attempts += 1;
-                    tally.fail(error_chain(&e));
+                    tally.fail(format!("cannot connect to {endpoint}: {e}"));
                     connect_failures += 1;
                     if connect_failures >= MAX_CONNECT_FAILURES {
                         break;
@@ -382,32 +408,16 @@ async fn connection_loop(
                 }
             },
         };
-        if current.ready().await.is_err() {
-            // The server closed the idle connection; a new one is made on the next turn.
-            continue;
-        }
-        let request = match template.build() {
-            Ok(r) => r,
-            Err(e) => {
-                tally.fail(error_chain(&e));
-                break;
-            }
-        };
         tally.attempts += 1;
         let sent = Instant::now();
-        let exchange = async {
-            let resp = current.send_request(request).await?;
-            let status = resp.status();
-            let body = resp.into_body().collect().await?.to_bytes();
-            Ok::<_, hyper::Error>((status, body))
-        };
-        match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
-            Ok(Ok((status, body))) => {
+        match tokio::time::timeout(REQUEST_TIMEOUT, current.exchange(&request)).await {
+            Ok(Ok(answer)) => {
                 let done = Instant::now();
-                if !status.is_success() {
+                if !(200..300).contains(&answer.status) {
                     tally.fail(format!(
-                        "status {status}: {}",
-                        String::from_utf8_lossy(&body[..body.len().min(200)])
+                        "status {}: {}",
+                        answer.status,
+                        String::from_utf8_lossy(&answer.body[..answer.body.len().min(200)])
                     ));
                 } else if sent >= measure_from && done <= until {
                     tally.ok += 1;
@@ -416,9 +426,9 @@ async fn connection_loop(
                         .latencies_us
                         .push(u32::try_from(us).unwrap_or(u32::MAX));
                 }
-                sender = Some(current);
+                conn = Some(current);
             }
-            Ok(Err(e)) => tally.fail(format!("{e}")),
+            Ok(Err(e)) => tally.fail(e),
             Err(_) => tally.fail(format!("no response within {REQUEST_TIMEOUT:?}")),
         }
     }

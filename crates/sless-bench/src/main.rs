@@ -7,6 +7,7 @@ mod load;
 mod measure;
 mod procs;
 mod stats;
+mod wire;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
