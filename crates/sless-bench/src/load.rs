@@ -1,7 +1,8 @@
 //! A lean closed-loop HTTP/1.1 load generator: N keep-alive connections, each sending one
 //! request after another for a fixed time, over TCP or a Unix socket. The loop speaks HTTP
-//! through [`crate::wire`] (a request prepared once as bytes, responses framed by
-//! `Content-Length`); probes use hyper.
+//! through `sless-wire` (a request prepared once as bytes, responses framed by
+//! `Content-Length`), so it costs the machine little more than `wrk` would; probes use
+//! hyper.
 //!
 //! Every comparison in the bench (gateway vs direct, gateway vs plain Node, shim vs
 //! `ThreadingHTTPServer`) uses this one generator with the same settings, so the generator's
@@ -17,11 +18,11 @@ use http::{HeaderName, HeaderValue, Method, Request, header};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use sless_wire::Conn;
 use tokio::net::{TcpStream, UnixStream};
 
 use crate::error::{BenchError, Result};
 use crate::stats;
-use crate::wire::WireConn;
 
 /// How long one request may take before it counts as failed; bounds every run in time.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -93,26 +94,24 @@ impl RequestTemplate {
         self
     }
 
-    /// The whole request as it goes on the wire, for the load loop: the same head and body
-    /// as [`RequestTemplate::build`] makes for hyper.
-    fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(256 + self.body.len());
-        out.extend_from_slice(self.method.as_str().as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(self.path.as_bytes());
-        out.extend_from_slice(b" HTTP/1.1\r\nhost: localhost\r\n");
-        if !self.body.is_empty() || self.method == Method::POST {
-            out.extend_from_slice(format!("content-length: {}\r\n", self.body.len()).as_bytes());
-        }
+    /// The request head as it goes on the wire, for the load loop: the same head as
+    /// [`RequestTemplate::build`] makes for hyper.
+    fn head(&self) -> Vec<u8> {
+        let mut head = format!(
+            "{} {} HTTP/1.1\r\nhost: localhost\r\n",
+            self.method, self.path
+        );
         for (name, value) in &self.headers {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            head.push_str(name.as_str());
+            head.push_str(": ");
+            head.push_str(value.to_str().unwrap_or_default());
+            head.push_str("\r\n");
         }
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(&self.body);
-        out
+        if !self.body.is_empty() || self.method == Method::POST {
+            head.push_str(&format!("content-length: {}\r\n", self.body.len()));
+        }
+        head.push_str("\r\n");
+        head.into_bytes()
     }
 
     fn build(&self) -> Result<Request<Full<Bytes>>> {
@@ -377,6 +376,44 @@ impl LoadReport {
 
 /// One connection's loop: send, wait, record, repeat until `until`; reconnect when the
 /// server closes the connection.
+/// A load connection: TCP or Unix.
+enum LoadConn {
+    Tcp(Conn<TcpStream>),
+    Unix(Conn<UnixStream>),
+}
+
+impl LoadConn {
+    async fn connect(endpoint: &Endpoint) -> std::io::Result<LoadConn> {
+        Ok(match endpoint {
+            Endpoint::Tcp(addr) => {
+                let stream = TcpStream::connect(addr).await?;
+                // Small request/response pairs: Nagle would add delayed-ACK stalls.
+                stream.set_nodelay(true)?;
+                LoadConn::Tcp(Conn::new(stream))
+            }
+            Endpoint::Unix(path) => LoadConn::Unix(Conn::new(UnixStream::connect(path).await?)),
+        })
+    }
+
+    fn reusable(&self) -> bool {
+        match self {
+            LoadConn::Tcp(c) => c.reusable(),
+            LoadConn::Unix(c) => c.reusable(),
+        }
+    }
+
+    async fn exchange(
+        &mut self,
+        head: &[u8],
+        body: &[u8],
+    ) -> std::result::Result<sless_wire::Response, sless_wire::WireError> {
+        match self {
+            LoadConn::Tcp(c) => c.exchange(head, body).await,
+            LoadConn::Unix(c) => c.exchange(head, body).await,
+        }
+    }
+}
+
 async fn connection_loop(
     endpoint: &Endpoint,
     template: &RequestTemplate,
@@ -384,13 +421,13 @@ async fn connection_loop(
     until: Instant,
 ) -> Tally {
     let mut tally = Tally::default();
-    let request = template.to_bytes();
-    let mut conn: Option<WireConn> = None;
+    let head = template.head();
+    let mut conn: Option<LoadConn> = None;
     let mut connect_failures = 0u32;
     while Instant::now() < until {
         let mut current = match conn.take() {
             Some(c) if c.reusable() => c,
-            _ => match WireConn::connect(endpoint).await {
+            _ => match LoadConn::connect(endpoint).await {
                 Ok(c) => {
                     connect_failures = 0;
                     c
@@ -410,7 +447,8 @@ async fn connection_loop(
         };
         tally.attempts += 1;
         let sent = Instant::now();
-        match tokio::time::timeout(REQUEST_TIMEOUT, current.exchange(&request)).await {
+        let exchange = current.exchange(&head, &template.body);
+        match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
             Ok(Ok(answer)) => {
                 let done = Instant::now();
                 if !(200..300).contains(&answer.status) {
@@ -428,7 +466,7 @@ async fn connection_loop(
                 }
                 conn = Some(current);
             }
-            Ok(Err(e)) => tally.fail(e),
+            Ok(Err(e)) => tally.fail(e.to_string()),
             Err(_) => tally.fail(format!("no response within {REQUEST_TIMEOUT:?}")),
         }
     }

@@ -7,7 +7,6 @@ mod load;
 mod measure;
 mod procs;
 mod stats;
-mod wire;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

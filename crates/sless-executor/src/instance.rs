@@ -8,13 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper::header::{self, HeaderName, HeaderValue};
-use hyper_util::rt::TokioIo;
 use sless_core::RuntimeFamily;
 use sless_logs::LogSink;
 use sless_sandbox::{Exit, Killer, Mount, ProcessSpec, Sandbox};
+use sless_wire::{Conn, RequestHead};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::watch;
@@ -44,7 +41,7 @@ pub(crate) struct Instance {
     /// Where the function's files are linked in when a generic instance is specialised.
     slot: Option<(PathBuf, PathBuf)>,
     sink: Arc<SinkSlot>,
-    conns: Mutex<Vec<SendRequest<Full<Bytes>>>>,
+    conns: Mutex<Vec<Conn<UnixStream>>>,
     pub inflight: AtomicU32,
     pub state: AtomicU8,
     killer: Killer,
@@ -180,27 +177,22 @@ impl Instance {
             "revision": d.revision,
             "concurrency": d.concurrency,
         });
-        let mut sender = self
+        let mut conn = self
             .checkout()
             .await
             .map_err(|e| SpecialiseError::Platform(describe(e)))?;
-        let req = hyper::Request::post("/_sless/load")
-            .header(hyper::header::HOST, "instance")
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(|e| SpecialiseError::Platform(e.to_string()))?;
-        let resp = sender.send_request(req).await.map_err(|e| {
+        let body = body.to_string();
+        let head = RequestHead::new("POST", "/_sless/load")
+            .header("host", "instance")
+            .and_then(|h| h.header("content-type", "application/json"))
+            .map_err(|e| SpecialiseError::Platform(e.to_string()))?
+            .finish(body.len());
+        let resp = conn.exchange(&head, body.as_bytes()).await.map_err(|e| {
             SpecialiseError::Platform(format!("instance failed while loading ({e})"))
         })?;
-        let status = resp.status();
-        let answer = resp
-            .into_body()
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        if status.is_success() {
-            self.checkin(sender);
+        let (status, answer) = (resp.status, resp.body);
+        if (200..300).contains(&status) {
+            self.checkin(conn);
             self.revision.store(d.revision, Ordering::Release);
             return Ok(());
         }
@@ -208,7 +200,7 @@ impl Instance {
             .ok()
             .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_string))
             .unwrap_or_else(|| format!("loading the function failed with status {status}"));
-        if status.as_u16() == 500 {
+        if status == 500 {
             Err(SpecialiseError::Load(message))
         } else {
             Err(SpecialiseError::Platform(message))
@@ -220,19 +212,17 @@ impl Instance {
     }
 
     async fn readiness_check(&self) -> Result<(), String> {
-        let mut sender = self.checkout().await.map_err(describe)?;
-        let req = hyper::Request::get("/_sless/ready")
-            .header(hyper::header::HOST, "instance")
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| e.to_string())?;
-        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-        let status = resp.status();
-        let _ = resp.into_body().collect().await;
-        self.checkin(sender);
-        if status.is_success() {
+        let mut conn = self.checkout().await.map_err(describe)?;
+        let head = RequestHead::new("GET", "/_sless/ready")
+            .header("host", "instance")
+            .map_err(|e| e.to_string())?
+            .finish(0);
+        let resp = conn.exchange(&head, b"").await.map_err(|e| e.to_string())?;
+        self.checkin(conn);
+        if (200..300).contains(&resp.status) {
             Ok(())
         } else {
-            Err(format!("status {status}"))
+            Err(format!("status {}", resp.status))
         }
     }
 
@@ -249,22 +239,21 @@ impl Instance {
             u64::try_from((now + t).as_millis()).unwrap_or(u64::MAX)
         });
         let work = async {
-            let mut sender = self.checkout().await?;
-            let request = invoke_request(req, deadline_ms)?;
-            let resp = sender.send_request(request).await.map_err(|e| {
-                CallError::Failed(format!("instance failed without answering ({e})"))
-            })?;
-            let status = resp.status().as_u16();
-            let body = resp
-                .into_body()
-                .collect()
+            let mut conn = self.checkout().await?;
+            let head = invoke_head(req, deadline_ms)?;
+            let resp = conn
+                .exchange(&head, &req.event)
                 .await
-                .map_err(|e| CallError::Failed(format!("instance failed while answering ({e})")))?
-                .to_bytes();
-            self.checkin(sender);
-            match status {
-                200 => Ok((true, body)),
-                500 => Ok((false, body)),
+                .map_err(|e| match e {
+                    sless_wire::WireError::Send(_) | sless_wire::WireError::Closed => {
+                        CallError::Failed(format!("instance failed without answering ({e})"))
+                    }
+                    e => CallError::Failed(format!("instance failed while answering ({e})")),
+                })?;
+            self.checkin(conn);
+            match resp.status {
+                200 => Ok((true, resp.body)),
+                500 => Ok((false, resp.body)),
                 other => Err(CallError::Failed(format!(
                     "instance answered status {other}, which the protocol does not allow"
                 ))),
@@ -280,11 +269,11 @@ impl Instance {
         result
     }
 
-    async fn checkout(&self) -> Result<SendRequest<Full<Bytes>>, CallError> {
+    async fn checkout(&self) -> Result<Conn<UnixStream>, CallError> {
         loop {
             let idle = self.conns.lock().unwrap_or_else(|e| e.into_inner()).pop();
             match idle {
-                Some(sender) if sender.is_ready() => return Ok(sender),
+                Some(conn) if !conn.peer_gone() => return Ok(conn),
                 Some(_) => continue,
                 None => break,
             }
@@ -292,19 +281,16 @@ impl Instance {
         let stream = UnixStream::connect(&self.socket)
             .await
             .map_err(|e| CallError::Failed(format!("cannot connect to instance ({e})")))?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| CallError::Failed(format!("cannot talk to instance ({e})")))?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(sender)
+        Ok(Conn::new(stream))
     }
 
-    fn checkin(&self, sender: SendRequest<Full<Bytes>>) {
+    fn checkin(&self, conn: Conn<UnixStream>) {
+        if !conn.reusable() {
+            return;
+        }
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         if conns.len() < MAX_IDLE_CONNS {
-            conns.push(sender);
+            conns.push(conn);
         }
     }
 
@@ -331,34 +317,21 @@ impl Instance {
     }
 }
 
-const REQUEST_ID: HeaderName = HeaderName::from_static("x-sless-request-id");
-const SOURCE: HeaderName = HeaderName::from_static("x-sless-source");
-const DEADLINE_MS: HeaderName = HeaderName::from_static("x-sless-deadline-ms");
-
-/// `POST /_sless/invoke` carrying `req` (the header names and fixed values are
-/// constants: this is built once per invocation).
-fn invoke_request(
-    req: &InvokeRequest,
-    deadline_ms: Option<u64>,
-) -> Result<hyper::Request<Full<Bytes>>, CallError> {
-    let mut request = hyper::Request::new(Full::new(req.event.clone()));
-    *request.method_mut() = hyper::Method::POST;
-    *request.uri_mut() = hyper::Uri::from_static("/_sless/invoke");
-    let request_id = HeaderValue::from_str(&req.request_id)
-        .map_err(|_| CallError::Failed("the request id is not a valid header value".into()))?;
-    let headers = request.headers_mut();
-    headers.reserve(5);
-    headers.insert(header::HOST, HeaderValue::from_static("instance"));
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert(REQUEST_ID, request_id);
-    headers.insert(SOURCE, HeaderValue::from_static(req.source));
+/// The head of `POST /_sless/invoke` carrying `req`.
+fn invoke_head(req: &InvokeRequest, deadline_ms: Option<u64>) -> Result<Vec<u8>, CallError> {
+    let bad = |e: sless_wire::WireError| CallError::Failed(e.to_string());
+    let mut head = RequestHead::new("POST", "/_sless/invoke")
+        .header("host", "instance")
+        .and_then(|h| h.header("content-type", "application/json"))
+        .and_then(|h| h.header("x-sless-request-id", &req.request_id))
+        .and_then(|h| h.header("x-sless-source", req.source))
+        .map_err(bad)?;
     if let Some(deadline) = deadline_ms {
-        headers.insert(DEADLINE_MS, HeaderValue::from(deadline));
+        head = head
+            .header("x-sless-deadline-ms", &deadline.to_string())
+            .map_err(bad)?;
     }
-    Ok(request)
+    Ok(head.finish(req.event.len()))
 }
 
 /// Spawns `spec` in the sandbox, copies its output into `sink`, waits for its
