@@ -130,7 +130,12 @@ pub fn request_id(headers: &HeaderMap) -> String {
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 200)
         .map(str::to_string)
-        .unwrap_or_else(|| hex::encode(rand::random::<u128>().to_be_bytes()))
+        .unwrap_or_else(|| {
+            let mut hex = [0u8; 32];
+            // 16 bytes always fit 32 hex digits, which are ASCII.
+            let _ = hex::encode_to_slice(rand::random::<u128>().to_be_bytes(), &mut hex);
+            String::from_utf8_lossy(&hex).into_owned()
+        })
 }
 
 async fn handle(gw: Gateway, ns: String, name: String, path: String, req: Request) -> Response {
@@ -235,4 +240,33 @@ async fn serve(
         *response.body_mut() = Body::empty();
     }
     response.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_the_callers_or_fresh_hex() {
+        let mut headers = HeaderMap::new();
+        let a = request_id(&headers);
+        let b = request_id(&headers);
+        assert_eq!(a.len(), 32);
+        assert!(
+            a.bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+        assert_ne!(a, b);
+        headers.insert("x-request-id", HeaderValue::from_static("trace-42"));
+        assert_eq!(request_id(&headers), "trace-42");
+        headers.insert(
+            "x-request-id",
+            HeaderValue::from_str(&"x".repeat(201)).unwrap(),
+        );
+        assert_eq!(
+            request_id(&headers).len(),
+            32,
+            "an over-long id is replaced"
+        );
+    }
 }

@@ -24,7 +24,10 @@ pub fn new_id() -> String {
     let mut bytes = [0u8; 12];
     bytes[..8].copy_from_slice(&value.to_be_bytes());
     bytes[8..].copy_from_slice(&salt.to_be_bytes());
-    hex::encode(bytes)
+    let mut hex = [0u8; 24];
+    // 12 bytes always fit 24 hex digits, which are ASCII.
+    let _ = hex::encode_to_slice(bytes, &mut hex);
+    String::from_utf8_lossy(&hex).into_owned()
 }
 
 /// The next value after the last one handed out, and no earlier than `millis`.

@@ -3,6 +3,7 @@
 //! age and count. [`InvocationStore`] is the seam; [`SqliteStore`] implements it
 //! in the same database file as the rest of the metadata.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -137,6 +138,26 @@ pub trait InvocationStore: Send + Sync + 'static {
 /// stays well below SQLite's limit of 32766 variables per statement.
 const INSERT_CHUNKS: [usize; 5] = [256, 64, 16, 4, 1];
 
+/// The `INSERT` of `rows` records, `rows` one of [`INSERT_CHUNKS`]; built once per size.
+fn insert_sql(rows: usize) -> &'static str {
+    static SQL: OnceLock<Vec<String>> = OnceLock::new();
+    let all = SQL.get_or_init(|| {
+        INSERT_CHUNKS
+            .iter()
+            .map(|&n| {
+                let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+                format!(
+                    "INSERT INTO invocations (id, namespace, function, revision, source, \
+                     request_id, started_at, duration_us, status, cold_start, error) VALUES {}",
+                    vec![row; n].join(", ")
+                )
+            })
+            .collect()
+    });
+    let index = INSERT_CHUNKS.iter().position(|&n| n == rows).unwrap_or(0);
+    &all[index]
+}
+
 /// `records` cut into chunks whose lengths are all in [`INSERT_CHUNKS`].
 fn insert_chunks(mut records: &[InvocationRecord]) -> impl Iterator<Item = &[InvocationRecord]> {
     std::iter::from_fn(move || {
@@ -185,24 +206,23 @@ impl InvocationStore for SqliteStore {
         }
         let mut tx = self.pool().begin().await?;
         for chunk in insert_chunks(records) {
-            let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(
-                "INSERT INTO invocations (id, namespace, function, revision, source, request_id, \
-                 started_at, duration_us, status, cold_start, error) ",
-            );
-            insert.push_values(chunk, |mut row, r| {
-                row.push_bind(&r.id)
-                    .push_bind(&r.namespace)
-                    .push_bind(&r.function)
-                    .push_bind(i64::try_from(r.revision).unwrap_or(i64::MAX))
-                    .push_bind(r.source.as_str())
-                    .push_bind(&r.request_id)
-                    .push_bind(micros(r.started_at))
-                    .push_bind(i64::try_from(r.duration.as_micros()).unwrap_or(i64::MAX))
-                    .push_bind(i64::from(r.status))
-                    .push_bind(r.cold_start)
-                    .push_bind(&r.error);
-            });
-            insert.build().execute(&mut *tx).await?;
+            let mut insert = sqlx::query(insert_sql(chunk.len()));
+            // `&str` binds copy each text once; binding `&String` would copy it twice.
+            for r in chunk {
+                insert = insert
+                    .bind(r.id.as_str())
+                    .bind(r.namespace.as_str())
+                    .bind(r.function.as_str())
+                    .bind(i64::try_from(r.revision).unwrap_or(i64::MAX))
+                    .bind(r.source.as_str())
+                    .bind(r.request_id.as_str())
+                    .bind(micros(r.started_at))
+                    .bind(i64::try_from(r.duration.as_micros()).unwrap_or(i64::MAX))
+                    .bind(i64::from(r.status))
+                    .bind(r.cold_start)
+                    .bind(r.error.as_deref());
+            }
+            insert.execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -277,9 +297,10 @@ impl InvocationStore for SqliteStore {
             loop {
                 // `id` breaks ties of `started_at` exactly as the list order does.
                 let done = sqlx::query(
-                    "DELETE FROM invocations WHERE rowid IN (SELECT rowid FROM invocations \
-                     WHERE namespace = ?1 AND (started_at < ?2 OR (started_at = ?2 AND id <= ?3)) \
-                     LIMIT ?4)",
+                    "DELETE FROM invocations WHERE namespace = ?1 AND (started_at, id) IN \
+                     (SELECT started_at, id FROM invocations WHERE namespace = ?1 \
+                     AND (started_at < ?2 OR (started_at = ?2 AND id <= ?3)) \
+                     ORDER BY started_at, id LIMIT ?4)",
                 )
                 .bind(&ns)
                 .bind(time)
