@@ -57,12 +57,14 @@ impl Plan {
                 bare_runs: 20,
                 deploy_runs: 10,
                 cold_runs: 25,
+                // Ten one-second rounds per target: on a shared two-core machine a single
+                // second can be disturbed, and ten of them alternating keep the ratio steady.
                 load: LoadSpec {
                     connections,
                     warmup: Duration::from_secs(1),
-                    duration: Duration::from_secs(5),
+                    duration: Duration::from_secs(10),
                 },
-                rounds: 5,
+                rounds: 10,
             }
         }
     }

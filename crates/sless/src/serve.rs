@@ -283,14 +283,15 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         trigger_patch_lock: Arc::default(),
         job_patch_lock: Arc::default(),
     });
-    let gateway = sless_gateway::router(sless_gateway::Gateway {
+    let gateway = sless_gateway::Gateway {
         executor: executor.clone(),
         authorizer: tokens,
         max_body: (args.max_body_mb * MIB) as usize,
         recorder: recorder.clone(),
         routes,
-    });
-    let app = gateway.merge(api);
+    };
+    let app =
+        sless_gateway::with_fast_path(gateway.clone(), sless_gateway::router(gateway).merge(api));
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -311,6 +312,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     );
 
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let app = axum::ServiceExt::<axum::extract::Request>::into_make_service(app);
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
     });
