@@ -5,13 +5,18 @@
 // entrypoint, listens with HTTP/1.1 on the Unix socket SLESS_SOCKET, writes "ready\n" to
 // SLESS_READY_FD and then calls the handler once per `POST /_sless/invoke`.
 //
+// HTTP is a small hand-written HTTP/1.1 server on node:net rather than node:http, as in the
+// Python shim: the only client is the platform's connection pool, so the server needs keep-alive,
+// Content-Length bodies and in-order answers per connection, and nothing else. node:http's
+// request and response streams cost more per invocation than the rest of the shim together.
+//
 // CommonJS, no npm dependencies, Node 18+. `node sless_runtime.js --check` only loads the
 // entrypoint; the builder uses it to validate a build. SLESS_CODE_DIR and SLESS_DEPS_DIR override
 // /code and /deps so the shim can run outside the sandbox (tests, local runs).
 'use strict';
 
 const fs = require('node:fs');
-const http = require('node:http');
+const net = require('node:net');
 const path = require('node:path');
 const Module = require('node:module');
 const { pathToFileURL } = require('node:url');
@@ -209,15 +214,90 @@ function parseDeadline(raw) {
   return Number.isFinite(n) ? Math.trunc(n) : null;
 }
 
-function send(res, status, body, contentType = 'application/json') {
-  // The platform stamps its own times; skipping Date saves a header per response.
-  res.sendDate = false;
-  res.writeHead(status, {
-    'Content-Type': contentType,
-    'Content-Length': Buffer.byteLength(body, 'utf8'),
-  });
-  // A string body goes out in one write with the head; a Buffer would take a writev.
-  res.end(body, 'utf8');
+const REASONS = {
+  100: 'Continue',
+  200: 'OK',
+  400: 'Bad Request',
+  404: 'Not Found',
+  405: 'Method Not Allowed',
+  409: 'Conflict',
+  411: 'Length Required',
+  431: 'Request Header Fields Too Large',
+  500: 'Internal Server Error',
+  503: 'Service Unavailable',
+  505: 'HTTP Version Not Supported',
+};
+
+/** The whole response as one string: head and body go out in one write. */
+function response(status, body, contentType = 'application/json', close = false) {
+  return (
+    `HTTP/1.1 ${status} ${REASONS[status] || 'Unknown'}\r\n` +
+    `Content-Type: ${contentType}\r\nContent-Length: ${Buffer.byteLength(body, 'utf8')}\r\n` +
+    (close ? 'Connection: close\r\n' : '') +
+    `\r\n${body}`
+  );
+}
+
+// A request head larger than this is refused; the platform's heads are a few hundred bytes.
+const MAX_HEAD_BYTES = 64 * 1024;
+// While a request runs, stop reading its connection once this much of the next one is buffered.
+const MAX_BUFFERED_WHILE_BUSY = 256 * 1024;
+
+/** A request the server refuses: answered with `status`, then the connection is closed. */
+class HttpError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+/**
+ * Parses a request head (without the blank line): `{ method, path, headers, keepAlive }`. Header
+ * names are lowercased; a repeated header keeps its last value, except Content-Length, whose
+ * copies must agree.
+ */
+function parseHead(text) {
+  const lines = text.split('\r\n');
+  const parts = lines[0].split(' ');
+  if (parts.length !== 3) throw new HttpError(400, 'malformed request line');
+  const [method, target, version] = parts;
+  let keepAlive;
+  if (version === 'HTTP/1.1') keepAlive = true;
+  else if (version === 'HTTP/1.0') keepAlive = false;
+  else if (version.startsWith('HTTP/')) throw new HttpError(505, 'unsupported HTTP version');
+  else throw new HttpError(400, 'malformed request line');
+  const headers = Object.create(null);
+  for (let i = 1; i < lines.length; i++) {
+    const line = lines[i];
+    const colon = line.indexOf(':');
+    if (colon <= 0 || line.charCodeAt(0) <= 32 || line.charCodeAt(colon - 1) <= 32) {
+      throw new HttpError(400, 'malformed header line');
+    }
+    const name = line.slice(0, colon).toLowerCase();
+    const value = line.slice(colon + 1).trim();
+    if (name === 'content-length' && name in headers && headers[name] !== value) {
+      throw new HttpError(400, 'conflicting Content-Length headers');
+    }
+    headers[name] = value;
+  }
+  const connection = headers.connection;
+  if (connection !== undefined) {
+    const tokens = connection.toLowerCase();
+    if (tokens.includes('close')) keepAlive = false;
+    else if (tokens.includes('keep-alive')) keepAlive = true;
+  }
+  const q = target.indexOf('?');
+  return { method, path: q < 0 ? target : target.slice(0, q), headers, keepAlive };
+}
+
+function contentLength(headers) {
+  if (headers['transfer-encoding'] !== undefined) {
+    throw new HttpError(411, 'chunked request bodies are not supported; send Content-Length');
+  }
+  const raw = headers['content-length'];
+  if (raw === undefined) return 0;
+  if (!/^\d+$/.test(raw)) throw new HttpError(400, 'invalid Content-Length');
+  return Number(raw);
 }
 
 function identityFromEnv() {
@@ -230,22 +310,23 @@ function identityFromEnv() {
 
 /**
  * `POST /_sless/load` of a generic instance: applies the environment from the body and loads
- * the entrypoint into `app`. Answers 200, or 500 and exits with the load-error status.
+ * the entrypoint into `app`. Returns `[status, body]`; after a failed load `app.failedLoad` is
+ * set and the process exits with the load-error status once the answer is written.
  */
-async function loadInto(app, req, res, raw) {
-  if (app.fn !== null || app.loading) return send(res, 409, errorBody('a function is already loaded'));
+async function loadInto(app, raw) {
+  if (app.fn !== null || app.loading) return [409, errorBody('a function is already loaded')];
   let spec;
   try {
     spec = raw.length > 0 ? JSON.parse(raw.toString('utf8')) : null;
   } catch (err) {
-    return send(res, 400, errorBody(`invalid load request: ${err.message}`));
+    return [400, errorBody(`invalid load request: ${err.message}`)];
   }
   if (spec === null || typeof spec !== 'object' || typeof spec.entrypoint !== 'string' || !spec.entrypoint) {
-    return send(res, 400, errorBody('invalid load request: "entrypoint" (a string) is required'));
+    return [400, errorBody('invalid load request: "entrypoint" (a string) is required')];
   }
   const env = spec.env == null ? {} : spec.env;
   if (typeof env !== 'object' || Array.isArray(env)) {
-    return send(res, 400, errorBody('invalid load request: "env" must be an object'));
+    return [400, errorBody('invalid load request: "env" must be an object')];
   }
   app.loading = true;
   for (const [key, value] of Object.entries(env)) process.env[key] = String(value);
@@ -266,39 +347,42 @@ async function loadInto(app, req, res, raw) {
     if (!(err instanceof LoadError)) process.stderr.write(`${(err && err.stack) || String(err)}\n`);
     const message = err instanceof LoadError ? err.message : describe(err);
     log(message);
-    res.on('finish', () => {
-      try {
-        fs.unlinkSync(app.socketPath);
-      } catch {
-        // Already gone.
-      }
-      process.exit(EXIT_LOAD_ERROR);
-    });
-    return send(res, 500, errorBody(message));
+    app.failedLoad = message;
+    return [500, errorBody(message)];
   }
   app.identity = identityFromEnv();
-  return send(res, 200, '{"ok":true}');
+  return [200, '{"ok":true}'];
+}
+
+function exitAfterFailedLoad(app) {
+  try {
+    fs.unlinkSync(app.socketPath);
+  } catch {
+    // Already gone.
+  }
+  process.exit(EXIT_LOAD_ERROR);
 }
 
 function makeServer(app) {
-  const state = { inflight: 0, stopping: false, onDrained: null };
+  const state = { inflight: 0, stopping: false, onDrained: null, conns: new Set() };
 
-  async function invoke(req, res, raw) {
+  /** Calls the handler; returns `[status, body]`. */
+  async function invoke(request) {
     let event = null;
-    if (raw.length > 0) {
+    if (request.body.length > 0) {
       try {
-        event = JSON.parse(raw.toString('utf8'));
+        event = JSON.parse(request.body.toString('utf8'));
       } catch (err) {
-        send(res, 400, errorBody(`invalid JSON event: ${err.message}`));
-        return;
+        return [400, errorBody(`invalid JSON event: ${err.message}`)];
       }
     }
-    const requestId = req.headers['x-sless-request-id'] || '';
+    const headers = request.headers;
+    const requestId = headers['x-sless-request-id'] || '';
     const context = new Context(
       requestId,
-      req.headers['x-sless-source'] || '',
+      headers['x-sless-source'] || '',
       app.identity,
-      parseDeadline(req.headers['x-sless-deadline-ms']),
+      parseDeadline(headers['x-sless-deadline-ms']),
     );
     let status;
     let body;
@@ -313,56 +397,163 @@ function makeServer(app) {
       [status, body] = [500, errorBody(errorMessage(err))];
     }
     if (requestId) endRequestOutput(requestId);
-    if (state.stopping) res.setHeader('Connection', 'close');
-    send(res, status, body);
+    return [status, body];
   }
 
-  const server = http.createServer((req, res) => {
-    const url = req.url || '';
-    const q = url.indexOf('?');
-    const p = q < 0 ? url : url.slice(0, q);
+  /** Answers one request: `[status, body, contentType]`, synchronously when it can. */
+  function route(request) {
+    const { method, path: p } = request;
+    if (p === '/_sless/invoke') {
+      if (method !== 'POST') return [405, errorBody('use POST')];
+      if (app.fn === null) return [503, errorBody('no function loaded')];
+      return invoke(request);
+    }
     if (p === '/_sless/ready') {
-      if (req.method !== 'GET') return send(res, 405, errorBody('use GET'));
-      return send(res, 200, 'ok', 'text/plain');
+      if (method !== 'GET') return [405, errorBody('use GET')];
+      return [200, 'ok', 'text/plain'];
     }
     if (p === '/_sless/load') {
-      if (req.method !== 'POST') return send(res, 405, errorBody('use POST'));
-      const chunks = [];
-      req.on('data', (chunk) => chunks.push(chunk));
-      req.on('end', () => {
-        loadInto(app, req, res, Buffer.concat(chunks));
-      });
-      return undefined;
+      if (method !== 'POST') return [405, errorBody('use POST')];
+      return loadInto(app, request.body);
     }
-    if (p !== '/_sless/invoke') return send(res, 404, errorBody(`not found: ${p}`));
-    if (req.method !== 'POST') return send(res, 405, errorBody('use POST'));
-    if (app.fn === null) {
-      req.resume();
-      return send(res, 503, errorBody('no function loaded'));
-    }
+    return [404, errorBody(`not found: ${p}`)];
+  }
 
-    state.inflight += 1;
-    // 'close' comes once the answer is sent, or when the client went away before it: either
-    // way this request no longer counts.
-    res.on('close', () => {
-      state.inflight -= 1;
-      if (state.stopping && state.inflight === 0 && state.onDrained) state.onDrained();
+  /** Serves one connection: its requests are answered one after another, in order. */
+  function serveConnection(socket) {
+    state.conns.add(socket);
+    let buf = null; // bytes received and not yet consumed (with `parts` after it)
+    let parts = []; // chunks of a body still arriving, joined once it is complete
+    let size = 0; // bytes in `buf` and `parts`
+    let head = null; // the parsed head of a request whose body is still arriving
+    let busy = false; // a request of this connection is being answered
+    let ended = false; // the client will send nothing more
+    let closed = false;
+
+    const gather = () => {
+      if (parts.length > 0) {
+        buf = Buffer.concat(buf === null ? parts : [buf, ...parts]);
+        parts = [];
+      }
+    };
+    const consume = (n) => {
+      buf = buf.length > n ? buf.subarray(n) : null;
+      size = buf === null ? 0 : buf.length;
+    };
+
+    const nextRequest = () => {
+      if (head === null) {
+        if (size === 0) return null;
+        gather();
+        const end = buf.indexOf('\r\n\r\n');
+        if (end < 0) {
+          if (size > MAX_HEAD_BYTES) throw new HttpError(431, 'request head too large');
+          return null;
+        }
+        if (end > MAX_HEAD_BYTES) throw new HttpError(431, 'request head too large');
+        head = parseHead(buf.toString('latin1', 0, end));
+        head.bodyLength = contentLength(head.headers);
+        consume(end + 4);
+        if (size < head.bodyLength && (head.headers.expect || '').toLowerCase() === '100-continue') {
+          socket.write('HTTP/1.1 100 Continue\r\n\r\n');
+        }
+      }
+      if (size < head.bodyLength) return null;
+      const request = head;
+      head = null;
+      if (request.bodyLength === 0) {
+        request.body = EMPTY;
+      } else {
+        gather();
+        request.body = buf.subarray(0, request.bodyLength);
+        consume(request.bodyLength);
+      }
+      return request;
+    };
+
+    const answer = (request, [status, body, contentType]) => {
+      if (closed || socket.destroyed) return;
+      const close = !request.keepAlive || state.stopping || ended;
+      socket.write(response(status, body, contentType, close));
+      if (app.failedLoad !== null) {
+        closed = true;
+        socket.end(() => exitAfterFailedLoad(app));
+      } else if (close) {
+        closed = true;
+        socket.end();
+      }
+    };
+
+    const pump = () => {
+      while (!busy && !closed) {
+        let request;
+        try {
+          request = nextRequest();
+        } catch (err) {
+          if (!(err instanceof HttpError)) throw err;
+          closed = true;
+          socket.end(response(err.status, errorBody(err.message), 'application/json', true));
+          return;
+        }
+        if (request === null) {
+          if (ended) {
+            closed = true;
+            socket.end();
+          } else if (socket.isPaused()) {
+            socket.resume();
+          }
+          return;
+        }
+        const result = route(request);
+        if (Array.isArray(result)) {
+          answer(request, result);
+          continue;
+        }
+        busy = true;
+        state.inflight += 1;
+        const done = (outcome) => {
+          busy = false;
+          state.inflight -= 1;
+          answer(request, outcome);
+          if (state.stopping && state.inflight === 0 && state.onDrained) state.onDrained();
+          pump();
+        };
+        result.then(done, (err) => done([500, errorBody(errorMessage(err))]));
+      }
+    };
+
+    socket.on('data', (chunk) => {
+      if (buf === null) buf = chunk;
+      else parts.push(chunk);
+      size += chunk.length;
+      if (busy) {
+        if (size > MAX_BUFFERED_WHILE_BUSY) socket.pause();
+        return;
+      }
+      // A body still arriving is joined once, when it is complete.
+      if (head !== null && size < head.bodyLength) return;
+      pump();
     });
-    const chunks = [];
-    req.on('data', (chunk) => chunks.push(chunk));
-    req.on('end', () => {
-      invoke(req, res, chunks.length === 1 ? chunks[0] : Buffer.concat(chunks));
+    socket.on('end', () => {
+      // The client is done sending: answer what it asked, then close.
+      ended = true;
+      if (!busy) pump();
     });
-  });
-  // The platform pools connections and keeps them open while the instance lives: no idle
-  // timeout, and no limit on how long a request (the handler run) may take; the platform
-  // enforces the function's timeout itself.
-  server.keepAliveTimeout = 0;
-  server.requestTimeout = 0;
-  server.headersTimeout = 60_000;
-  server.timeout = 0;
+    socket.on('error', () => {
+      // 'close' follows; a client that went away needs no answer.
+    });
+    socket.on('close', () => {
+      closed = true;
+      state.conns.delete(socket);
+    });
+    socket.isIdle = () => !busy && size === 0 && head === null;
+  }
+
+  const server = net.createServer({ allowHalfOpen: true }, serveConnection);
   return { server, state };
 }
+
+const EMPTY = Buffer.alloc(0);
 
 /**
  * Runs the code paths of a load and of a request once, so that a generic instance has nothing
@@ -375,20 +566,20 @@ async function warmUp(codeDir, socketPath) {
   warm._compile('exports.handle = (event) => event;', warm.id);
   encodeResult(warm.exports.handle({ warm: [1, 'two', null, true] }));
   new Context('', '', identityFromEnv(), parseDeadline('1')).remaining_ms();
-  const agent = new http.Agent({ keepAlive: true });
-  const ask = (method, urlPath, body) =>
+  // One request of each kind over the socket itself, each on its own connection.
+  const ask = (raw) =>
     new Promise((resolve) => {
-      const req = http.request({ socketPath, method, path: urlPath, agent }, (res) => {
-        res.resume();
-        res.on('end', resolve);
-      });
-      req.on('error', resolve);
-      req.end(body);
+      const sock = net.connect(socketPath, () => sock.end(raw));
+      sock.on('data', () => {});
+      sock.on('close', resolve);
+      sock.on('error', resolve);
     });
-  await ask('GET', '/_sless/ready');
-  await ask('POST', '/_sless/invoke', '{"warm":true}');
-  await ask('GET', '/_sless/warm-up');
-  agent.destroy();
+  await ask('GET /_sless/ready HTTP/1.1\r\nHost: instance\r\nConnection: close\r\n\r\n');
+  const body = '{"warm":true}';
+  await ask(
+    `POST /_sless/invoke HTTP/1.1\r\nHost: instance\r\nConnection: close\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
+  );
+  await ask('GET /_sless/warm-up HTTP/1.1\r\nHost: instance\r\nConnection: close\r\n\r\n');
 }
 
 // Set by main() once stdout/stderr are tagged: flushes a request's unfinished lines.
@@ -420,7 +611,15 @@ async function main(argv) {
   // Without an entrypoint the instance is generic: it serves and waits for POST /_sless/load.
   const generic = !env.SLESS_ENTRYPOINT && !check;
   const spec = env.SLESS_ENTRYPOINT || DEFAULT_ENTRYPOINT;
-  const app = { fn: null, identity: identityFromEnv(), codeDir, depsDir, socketPath: env.SLESS_SOCKET, loading: false };
+  const app = {
+    fn: null,
+    identity: identityFromEnv(),
+    codeDir,
+    depsDir,
+    socketPath: env.SLESS_SOCKET,
+    loading: false,
+    failedLoad: null,
+  };
   let readyFd;
   try {
     readyFd = envInt('SLESS_READY_FD', null);
@@ -483,7 +682,9 @@ async function main(argv) {
       if (state.stopping) return;
       state.stopping = true;
       server.close();
-      server.closeIdleConnections();
+      for (const socket of state.conns) {
+        if (socket.isIdle()) socket.end();
+      }
       const finish = () => {
         try {
           fs.unlinkSync(socketPath);

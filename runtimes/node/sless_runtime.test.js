@@ -307,6 +307,43 @@ describe('running shim', () => {
     assert.equal((await shim.request('GET', '/elsewhere')).status, 404);
     assert.equal((await shim.request('GET', '/_sless/invoke')).status, 405);
   });
+
+  test('requests the protocol does not allow are refused and the connection closed', async () => {
+    const cases = [
+      ['POST /_sless/invoke HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n', 411],
+      ['NONSENSE\r\n\r\n', 400],
+      ['GET /_sless/ready HTTP/2.0\r\n\r\n', 505],
+      ['POST /_sless/invoke HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}', 400],
+      [`GET /_sless/ready HTTP/1.1\r\nX-Big: ${'a'.repeat(70 * 1024)}\r\n\r\n`, 431],
+    ];
+    for (const [payload, status] of cases) {
+      const [res] = await rawExchange(shim.socket, payload, 1);
+      assert.equal(res.status, status, payload.slice(0, 60));
+      assert.match(res.head, /connection: close/i);
+    }
+  });
+
+  test('Expect: 100-continue is answered before the body, and HTTP/1.0 closes', async () => {
+    const body = JSON.stringify({ kind: 'echo', n: 7 });
+    const head = `POST /_sless/invoke HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: ${body.length}\r\n\r\n`;
+    const got = await new Promise((resolve, reject) => {
+      const sock = net.connect(shim.socket, () => sock.write(head));
+      let text = '';
+      sock.on('data', (d) => {
+        text += d.toString();
+        if (text === 'HTTP/1.1 100 Continue\r\n\r\n') sock.write(body);
+        if (text.endsWith(body)) {
+          sock.end();
+          resolve(text);
+        }
+      });
+      sock.on('error', reject);
+    });
+    assert.match(got, /^HTTP\/1.1 100 Continue\r\n\r\nHTTP\/1.1 200 OK\r\n/);
+    const [old] = await rawExchange(shim.socket, 'GET /_sless/ready HTTP/1.0\r\n\r\n', 1);
+    assert.equal(old.status, 200);
+    assert.match(old.head, /connection: close/i);
+  });
 });
 
 describe('loading', () => {
