@@ -22,6 +22,11 @@ use tokio::net::UnixStream;
 const MAX_HEADERS: usize = 64;
 /// Largest response head accepted, in bytes.
 const MAX_HEAD: usize = 64 * 1024;
+/// Largest response body accepted. Instances are sandboxed user code: a declared length is
+/// not trusted with the server's memory.
+pub const MAX_RESPONSE_BODY: usize = 256 * 1024 * 1024;
+/// Most buffer space reserved ahead of a body's bytes arriving.
+const RESERVE_STEP: usize = 4 * 1024 * 1024;
 /// Bodies up to this size are copied behind the head so the request is one write.
 const COALESCE_BODY: usize = 16 * 1024;
 
@@ -224,9 +229,14 @@ pub fn take_response(
                 )));
             }
         };
+        if length > MAX_RESPONSE_BODY {
+            return Err(WireError::Malformed(format!(
+                "a response body of {length} bytes is over the limit of {MAX_RESPONSE_BODY}"
+            )));
+        }
         if buf.len() < head_len + length {
-            // Room for the rest, so a large body is not read in many small pieces.
-            buf.reserve(head_len + length - buf.len());
+            // Room for more of it, so a large body is not read in many small pieces.
+            buf.reserve((head_len + length - buf.len()).min(RESERVE_STEP));
             return Ok(None);
         }
         buf.advance(head_len);
@@ -281,6 +291,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\ncontent-length: 3\r\n\r\n",
             b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
             b"garbage\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999\r\n\r\n",
         ] {
             let mut buf = BytesMut::from(bad);
             let err = take_response(&mut buf, &mut closing).unwrap_err();
