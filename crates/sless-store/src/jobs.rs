@@ -69,20 +69,7 @@ impl JobStore for SqliteStore {
         .bind(stamp(r.updated_at))
         .execute(self.pool())
         .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(StoreError::Conflict {
-                kind: "job",
-                name: r.name.clone(),
-            }),
-            Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
-                Err(StoreError::NotFound {
-                    kind: "namespace",
-                    name: r.namespace.clone(),
-                })
-            }
-            Err(e) => Err(e.into()),
-        }
+        crate::inserted(result, "job", &r.namespace, &r.name)
     }
 
     async fn get_job(&self, namespace: &str, name: &str) -> Result<JobRecord> {

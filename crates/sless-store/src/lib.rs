@@ -127,6 +127,30 @@ pub trait Store: Send + Sync + 'static {
 }
 
 /// Timestamps are stored as RFC 3339 text with milliseconds.
+/// The outcome of an `INSERT` of a `kind` record named `name` in `namespace`: a taken name
+/// is `Conflict`, a missing namespace (the foreign key) is `NotFound`.
+pub(crate) fn inserted(
+    result: std::result::Result<sqlx::sqlite::SqliteQueryResult, sqlx::Error>,
+    kind: &'static str,
+    namespace: &str,
+    name: &str,
+) -> Result<()> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(StoreError::Conflict {
+            kind,
+            name: name.to_string(),
+        }),
+        Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
+            Err(StoreError::NotFound {
+                kind: "namespace",
+                name: namespace.to_string(),
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 pub(crate) fn stamp(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }

@@ -197,30 +197,11 @@ impl Store for SqliteStore {
         .bind(serde_json::to_string(&r.status)?)
         .bind(r.revision as i64)
         .bind(&r.code_sha256)
-        .bind(
-            r.created_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        )
-        .bind(
-            r.updated_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        )
+        .bind(crate::stamp(r.created_at))
+        .bind(crate::stamp(r.updated_at))
         .execute(&self.pool)
         .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(StoreError::Conflict {
-                kind: "function",
-                name: r.name.clone(),
-            }),
-            Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
-                Err(StoreError::NotFound {
-                    kind: "namespace",
-                    name: r.namespace.clone(),
-                })
-            }
-            Err(e) => Err(e.into()),
-        }
+        crate::inserted(result, "function", &r.namespace, &r.name)
     }
 
     async fn get_function(&self, namespace: &str, name: &str) -> Result<FunctionRecord> {
@@ -300,7 +281,7 @@ impl Store for SqliteStore {
             .bind(serde_json::to_string(&record.spec)?)
             .bind(&record.code_sha256)
             .bind(record.revision as i64)
-            .bind(record.updated_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+            .bind(crate::stamp(record.updated_at))
             .bind(namespace)
             .bind(name)
             .execute(&self.pool)

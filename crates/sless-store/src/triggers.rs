@@ -84,20 +84,7 @@ impl TriggerStore for SqliteStore {
         .bind(stamp(r.updated_at))
         .execute(self.pool())
         .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(StoreError::Conflict {
-                kind: "trigger",
-                name: r.name.clone(),
-            }),
-            Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
-                Err(StoreError::NotFound {
-                    kind: "namespace",
-                    name: r.namespace.clone(),
-                })
-            }
-            Err(e) => Err(e.into()),
-        }
+        crate::inserted(result, "trigger", &r.namespace, &r.name)
     }
 
     async fn get_trigger(&self, namespace: &str, name: &str) -> Result<TriggerRecord> {
