@@ -89,9 +89,9 @@ pub enum BenchError {
     Http {
         /// The target, `unix:/path` or `tcp:host:port`.
         endpoint: String,
-        /// hyper's error.
+        /// What went wrong on the wire.
         #[source]
-        source: hyper::Error,
+        source: sless_wire::WireError,
     },
     /// A response was not the one a measurement relies on (status, body).
     #[error("{what}: unexpected response {status}: {body}")]

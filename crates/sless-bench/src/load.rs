@@ -14,11 +14,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Method, Request, header};
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
-use sless_wire::Conn;
+use http::{HeaderName, HeaderValue, Method, header};
+use sless_wire::{Conn, RequestHead};
 use tokio::net::{TcpStream, UnixStream};
 
 use crate::error::{BenchError, Result};
@@ -94,41 +91,26 @@ impl RequestTemplate {
         self
     }
 
-    /// The request head as it goes on the wire, for the load loop: the same head as
-    /// [`RequestTemplate::build`] makes for hyper.
-    fn head(&self) -> Vec<u8> {
-        let mut head = format!(
-            "{} {} HTTP/1.1\r\nhost: localhost\r\n",
-            self.method, self.path
-        );
+    /// The request head as it goes on the wire (`Host`, the extra headers, and a
+    /// `Content-Length`, which the instance protocol requires of a POST); the body follows it.
+    fn head(&self) -> Result<Vec<u8>> {
+        let invalid =
+            |why: String| BenchError::Setup(format!("invalid request {}: {why}", self.path));
+        if !self.path.starts_with('/') || self.path.bytes().any(|b| b <= b' ' || b == 0x7f) {
+            return Err(invalid(
+                "the path must start with / and hold no spaces".into(),
+            ));
+        }
+        let mut head = RequestHead::new(self.method.as_str(), &self.path)
+            .header("host", "localhost")
+            .map_err(|e| invalid(e.to_string()))?;
         for (name, value) in &self.headers {
-            head.push_str(name.as_str());
-            head.push_str(": ");
-            head.push_str(value.to_str().unwrap_or_default());
-            head.push_str("\r\n");
+            let value = value.to_str().map_err(|e| invalid(e.to_string()))?;
+            head = head
+                .header(name.as_str(), value)
+                .map_err(|e| invalid(e.to_string()))?;
         }
-        if !self.body.is_empty() || self.method == Method::POST {
-            head.push_str(&format!("content-length: {}\r\n", self.body.len()));
-        }
-        head.push_str("\r\n");
-        head.into_bytes()
-    }
-
-    fn build(&self) -> Result<Request<Full<Bytes>>> {
-        let mut builder = Request::builder()
-            .method(self.method.clone())
-            .uri(&self.path)
-            .header(header::HOST, "localhost");
-        // A POST always says how long its body is, as the instance protocol requires.
-        if !self.body.is_empty() || self.method == Method::POST {
-            builder = builder.header(header::CONTENT_LENGTH, self.body.len());
-        }
-        for (name, value) in &self.headers {
-            builder = builder.header(name, value);
-        }
-        builder
-            .body(Full::new(self.body.clone()))
-            .map_err(|e| BenchError::Setup(format!("invalid request {}: {e}", self.path)))
+        Ok(head.finish(self.body.len()))
     }
 }
 
@@ -212,61 +194,24 @@ impl Tally {
     }
 }
 
-/// Opens one HTTP/1.1 connection to `endpoint`; the connection is driven by a spawned task
-/// that ends when the connection closes.
-pub async fn connect(endpoint: &Endpoint) -> Result<SendRequest<Full<Bytes>>> {
-    let connect_err = |source| BenchError::Connect {
-        endpoint: endpoint.to_string(),
-        source,
-    };
-    let http_err = |source| BenchError::Http {
-        endpoint: endpoint.to_string(),
-        source,
-    };
-    match endpoint {
-        Endpoint::Tcp(addr) => {
-            let stream = TcpStream::connect(addr).await.map_err(connect_err)?;
-            // Small request/response pairs: Nagle would add delayed-ACK stalls to both sides.
-            stream.set_nodelay(true).map_err(connect_err)?;
-            let (sender, conn) = http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(http_err)?;
-            tokio::spawn(conn);
-            Ok(sender)
-        }
-        Endpoint::Unix(path) => {
-            let stream = UnixStream::connect(path).await.map_err(connect_err)?;
-            let (sender, conn) = http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(http_err)?;
-            tokio::spawn(conn);
-            Ok(sender)
-        }
-    }
-}
-
 /// Sends one request on a fresh connection and returns its status and body; for probes.
 pub async fn request_once(endpoint: &Endpoint, template: &RequestTemplate) -> Result<(u16, Bytes)> {
-    let mut sender = connect(endpoint).await?;
+    let head = template.head()?;
     let exchange = async {
-        let resp = sender
-            .send_request(template.build()?)
+        let mut conn = LoadConn::connect(endpoint)
+            .await
+            .map_err(|source| BenchError::Connect {
+                endpoint: endpoint.to_string(),
+                source,
+            })?;
+        let answer = conn
+            .exchange(&head, &template.body)
             .await
             .map_err(|source| BenchError::Http {
                 endpoint: endpoint.to_string(),
                 source,
             })?;
-        let status = resp.status().as_u16();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|source| BenchError::Http {
-                endpoint: endpoint.to_string(),
-                source,
-            })?
-            .to_bytes();
-        Ok((status, body))
+        Ok((answer.status, answer.body))
     };
     tokio::time::timeout(REQUEST_TIMEOUT, exchange)
         .await
@@ -285,17 +230,18 @@ pub async fn run(
     template: &RequestTemplate,
     spec: LoadSpec,
 ) -> Result<LoadReport> {
-    // Build the request once up front so a malformed template fails before any load.
-    template.build()?;
+    // Prepared once up front, so a malformed template fails before any load.
+    let head = template.head()?;
     let start = Instant::now();
     let measure_from = start + spec.warmup;
     let until = measure_from + spec.duration;
     let mut tasks = Vec::with_capacity(spec.connections);
     for _ in 0..spec.connections.max(1) {
         let endpoint = endpoint.clone();
-        let template = template.clone();
+        let head = head.clone();
+        let body = template.body.clone();
         tasks.push(tokio::spawn(async move {
-            connection_loop(&endpoint, &template, measure_from, until).await
+            connection_loop(&endpoint, &head, &body, measure_from, until).await
         }));
     }
     let mut report = LoadReport {
@@ -416,12 +362,12 @@ impl LoadConn {
 
 async fn connection_loop(
     endpoint: &Endpoint,
-    template: &RequestTemplate,
+    head: &[u8],
+    body: &[u8],
     measure_from: Instant,
     until: Instant,
 ) -> Tally {
     let mut tally = Tally::default();
-    let head = template.head();
     let mut conn: Option<LoadConn> = None;
     let mut connect_failures = 0u32;
     while Instant::now() < until {
@@ -447,7 +393,7 @@ async fn connection_loop(
         };
         tally.attempts += 1;
         let sent = Instant::now();
-        let exchange = current.exchange(&head, &template.body);
+        let exchange = current.exchange(head, body);
         match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
             Ok(Ok(answer)) => {
                 let done = Instant::now();
@@ -490,9 +436,12 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
 
+    use http::Request;
+    use http_body_util::{BodyExt, Full};
     use hyper::body::Incoming;
     use hyper::service::service_fn;
     use hyper::{Response, StatusCode};
+    use hyper_util::rt::TokioIo;
     use tokio::net::{TcpListener, UnixListener};
 
     use super::*;
@@ -542,6 +491,22 @@ mod tests {
         warmup: Duration::from_millis(50),
         duration: Duration::from_millis(200),
     };
+
+    #[test]
+    fn templates_become_whole_heads_and_bad_ones_are_refused() {
+        let post = RequestTemplate::post_json("/_sless/invoke", &serde_json::json!({"a": 1}))
+            .with_header("x-sless-source", "invoke");
+        let head = String::from_utf8(post.head().unwrap()).unwrap();
+        assert_eq!(
+            head,
+            "POST /_sless/invoke HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+             x-sless-source: invoke\r\ncontent-length: 7\r\n\r\n"
+        );
+        for path in ["/a b", "nope", "/a\r\nx: y"] {
+            let err = RequestTemplate::get(path).head().unwrap_err();
+            assert!(err.to_string().contains("invalid request"), "{path}: {err}");
+        }
+    }
 
     #[tokio::test]
     async fn counts_successes_in_the_window_only() {

@@ -42,7 +42,7 @@ pub enum WireError {
     #[error("malformed response: {0}")]
     Malformed(String),
     #[error("invalid header {0}: it holds a control character")]
-    InvalidHeader(&'static str),
+    InvalidHeader(String),
 }
 
 /// One response: its status and whole body.
@@ -71,9 +71,9 @@ impl RequestHead {
 
     /// Adds a header. A value with a control character (CR, LF, ...) would let it write
     /// other headers or another request, so it is refused, naming the header.
-    pub fn header(mut self, name: &'static str, value: &str) -> Result<RequestHead, WireError> {
+    pub fn header(mut self, name: &str, value: &str) -> Result<RequestHead, WireError> {
         if value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) {
-            return Err(WireError::InvalidHeader(name));
+            return Err(WireError::InvalidHeader(name.to_string()));
         }
         self.bytes.extend_from_slice(name.as_bytes());
         self.bytes.extend_from_slice(b": ");
