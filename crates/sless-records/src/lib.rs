@@ -207,16 +207,9 @@ async fn write_loop(
                 }
             }
         }
+        // Also when the recorder is gone: the channel reports that only once it is empty.
         pending.write(&*store, &stats).await;
     }
-    // The recorder is gone: write whatever is still queued.
-    while let Ok(message) = rx.try_recv() {
-        pending.take(message);
-        if pending.ready() {
-            pending.write(&*store, &stats).await;
-        }
-    }
-    pending.write(&*store, &stats).await;
 }
 
 /// The batch being gathered, and the flushes waiting for it.
