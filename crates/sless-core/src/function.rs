@@ -87,6 +87,14 @@ impl FunctionSpec {
                     "environment variable names are letters, digits and '_', not starting with a digit",
                 ));
             }
+            if is_loader_variable(key) {
+                return Err(ValidationError::new(
+                    format!("env.{key}"),
+                    "variables read by the dynamic loader and C library (LD_*, GLIBC_TUNABLES, \
+                     GCONV_PATH, LOCPATH, ...) are reserved: the sandbox's privileged helpers \
+                     start with the function's environment",
+                ));
+            }
             if key.starts_with("SLESS_") {
                 return Err(ValidationError::new(
                     format!("env.{key}"),
@@ -100,6 +108,7 @@ impl FunctionSpec {
                 "values may not contain NUL bytes",
             ));
         }
+        validate_env_size(&self.env)?;
         range("memory_mb", self.memory_mb, 32, 4096)?;
         range("timeout_sec", self.timeout_sec, 0, 900)?;
         range("concurrency", self.concurrency, 1, 10_000)?;
@@ -118,6 +127,51 @@ impl FunctionSpec {
         range("max_instances", self.max_instances, floor, 1000)?;
         Ok(runtime)
     }
+}
+
+/// The most a function's (or job's) `env` may hold: names plus values, in bytes.
+///
+/// A fraction of what `execve` accepts (128 KiB a string, 2 MiB in all by default), so
+/// an instance always starts, with room left for the platform's own variables.
+pub const ENV_MAX_BYTES: usize = 32 * 1024;
+
+/// The most variables a function's `env` may hold.
+pub const ENV_MAX_VARS: usize = 256;
+
+fn validate_env_size(env: &BTreeMap<String, String>) -> Result<(), ValidationError> {
+    if env.len() > ENV_MAX_VARS {
+        return Err(ValidationError::new(
+            "env",
+            format!("at most {ENV_MAX_VARS} variables, got {}", env.len()),
+        ));
+    }
+    let total: usize = env.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if total > ENV_MAX_BYTES {
+        return Err(ValidationError::new(
+            "env",
+            format!("at most {ENV_MAX_BYTES} bytes of names and values in total, got {total}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Names glibc's loader and C library act on before `main` (its list of variables
+/// unsafe for privileged programs, less the harmless `TMPDIR`, `TZDIR` and resolver
+/// ones). The sandbox's setup helpers run as root with the function's environment.
+pub fn is_loader_variable(name: &str) -> bool {
+    name.starts_with("LD_")
+        || matches!(
+            name,
+            "GCONV_PATH"
+                | "GETCONF_DIR"
+                | "GLIBC_TUNABLES"
+                | "HOSTALIASES"
+                | "LOCPATH"
+                | "MALLOC_TRACE"
+                | "NIS_PATH"
+                | "NLSPATH"
+                | "RESOLV_HOST_CONF"
+        )
 }
 
 fn range(field: &str, value: u32, lo: u32, hi: u32) -> Result<(), ValidationError> {
@@ -277,6 +331,42 @@ mod tests {
         for (json, field) in cases {
             let err = spec(json.clone()).unwrap_err();
             assert!(err.starts_with(&format!("{field}:")), "{json}: {err}");
+        }
+    }
+
+    #[test]
+    fn env_is_bounded_in_size_and_count() {
+        let value = |n: usize| "x".repeat(n);
+        let at_limit =
+            serde_json::json!({"runtime": "python3", "env": {"BIG": value(ENV_MAX_BYTES - 3)}});
+        assert!(spec(at_limit).is_ok());
+        let over =
+            serde_json::json!({"runtime": "python3", "env": {"BIG": value(ENV_MAX_BYTES - 2)}});
+        let err = spec(over).unwrap_err();
+        assert!(err.starts_with("env: at most 32768 bytes"), "{err}");
+        assert!(err.ends_with("got 32769"), "{err}");
+        let many: serde_json::Map<String, serde_json::Value> = (0..=ENV_MAX_VARS)
+            .map(|i| (format!("V{i}"), serde_json::json!("1")))
+            .collect();
+        let err = spec(serde_json::json!({"runtime": "python3", "env": many})).unwrap_err();
+        assert!(err.starts_with("env: at most 256 variables"), "{err}");
+    }
+
+    #[test]
+    fn loader_variables_are_reserved() {
+        for name in [
+            "LD_PRELOAD",
+            "LD_LIBRARY_PATH",
+            "GLIBC_TUNABLES",
+            "GCONV_PATH",
+            "LOCPATH",
+        ] {
+            let err = spec(serde_json::json!({"runtime": "python3", "env": {name: "/code/x"}}))
+                .unwrap_err();
+            assert!(err.starts_with(&format!("env.{name}: ")), "{err}");
+        }
+        for name in ["TMPDIR", "TZ", "LDAP_URI", "OLD_LD_PATH"] {
+            assert!(spec(serde_json::json!({"runtime": "python3", "env": {name: "x"}})).is_ok());
         }
     }
 
