@@ -17,6 +17,7 @@
 
 const fs = require('node:fs');
 const net = require('node:net');
+const os = require('node:os');
 const path = require('node:path');
 const Module = require('node:module');
 const { pathToFileURL } = require('node:url');
@@ -356,7 +357,8 @@ async function loadInto(app, raw) {
 
 function exitAfterFailedLoad(app) {
   try {
-    fs.unlinkSync(app.socketPath);
+    // An inherited socket (no path) belongs to the platform.
+    if (app.socketPath) fs.unlinkSync(app.socketPath);
   } catch {
     // Already gone.
   }
@@ -558,18 +560,30 @@ const EMPTY = Buffer.alloc(0);
 /**
  * Runs the code paths of a load and of a request once, so that a generic instance has nothing
  * left to compile when its function arrives: module resolution and compilation, then one
- * request of each kind over the socket itself.
+ * request of each kind through the server itself. An inherited listening socket has no path
+ * inside the sandbox, so then the requests come through a throwaway socket in the temporary
+ * directory whose connections are handed to the server.
  */
-async function warmUp(codeDir, socketPath) {
+async function warmUp(codeDir, server, socketPath) {
   resolveModule(path.join(codeDir, '.sless-warm-up-absent'));
   const warm = new Module(path.join(codeDir, '.sless-warm-up.js'), null);
   warm._compile('exports.handle = (event) => event;', warm.id);
   encodeResult(warm.exports.handle({ warm: [1, 'two', null, true] }));
   new Context('', '', identityFromEnv(), parseDeadline('1')).remaining_ms();
-  // One request of each kind over the socket itself, each on its own connection.
+  let target = socketPath;
+  let relay = null;
+  if (!target) {
+    target = path.join(os.tmpdir(), `.sless-warm-up-${process.pid}.sock`);
+    relay = net.createServer((conn) => server.emit('connection', conn));
+    await new Promise((resolve, reject) => {
+      relay.once('error', reject);
+      relay.listen(target, resolve);
+    });
+  }
+  // One request of each kind, each on its own connection.
   const ask = (raw) =>
     new Promise((resolve) => {
-      const sock = net.connect(socketPath, () => sock.end(raw));
+      const sock = net.connect(target, () => sock.end(raw));
       sock.on('data', () => {});
       sock.on('close', resolve);
       sock.on('error', resolve);
@@ -580,6 +594,8 @@ async function warmUp(codeDir, socketPath) {
     `POST /_sless/invoke HTTP/1.1\r\nHost: instance\r\nConnection: close\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
   );
   await ask('GET /_sless/warm-up HTTP/1.1\r\nHost: instance\r\nConnection: close\r\n\r\n');
+  // Closing a path-bound server removes its socket file.
+  if (relay) await new Promise((resolve) => relay.close(resolve));
 }
 
 // Set by main() once stdout/stderr are tagged: flushes a request's unfinished lines.
@@ -616,13 +632,15 @@ async function main(argv) {
     identity: identityFromEnv(),
     codeDir,
     depsDir,
-    socketPath: env.SLESS_SOCKET,
+    socketPath: null,
     loading: false,
     failedLoad: null,
   };
   let readyFd;
+  let listenFd;
   try {
     readyFd = envInt('SLESS_READY_FD', null);
+    listenFd = envInt('SLESS_LISTEN_FD', null);
     setupModulePaths(depsDir);
     if (!generic) app.fn = await loadEntrypoint(spec, codeDir);
   } catch (err) {
@@ -634,11 +652,13 @@ async function main(argv) {
   }
   if (check) return 0;
 
-  const socketPath = env.SLESS_SOCKET;
-  if (!socketPath) {
-    log('SLESS_SOCKET is not set');
+  // An inherited listening socket (the platform's way) wins over binding a path.
+  const socketPath = listenFd === null ? env.SLESS_SOCKET : null;
+  if (listenFd === null && !socketPath) {
+    log('neither SLESS_LISTEN_FD nor SLESS_SOCKET is set');
     return 2;
   }
+  app.socketPath = socketPath;
   const endOut = tagStream(process.stdout);
   const endErr = tagStream(process.stderr);
   endRequestOutput = (rid) => {
@@ -654,20 +674,22 @@ async function main(argv) {
   });
 
   try {
-    removeStaleSocket(socketPath);
+    if (socketPath) removeStaleSocket(socketPath);
+    const where = socketPath ? { path: socketPath } : { fd: listenFd };
     await new Promise((resolve, reject) => {
       server.once('error', reject);
-      server.listen({ path: socketPath, backlog: 1024 }, () => {
+      server.listen({ ...where, backlog: 1024 }, () => {
         server.off('error', reject);
         resolve();
       });
     });
   } catch (err) {
-    log(err instanceof LoadError ? err.message : `listen on ${socketPath}: ${err.message}`);
+    const where = socketPath || `fd ${listenFd}`;
+    log(err instanceof LoadError ? err.message : `listen on ${where}: ${err.message}`);
     return 2;
   }
 
-  if (generic) await warmUp(codeDir, socketPath);
+  if (generic) await warmUp(codeDir, server, socketPath);
 
   if (readyFd !== null) {
     try {
@@ -687,7 +709,7 @@ async function main(argv) {
       }
       const finish = () => {
         try {
-          fs.unlinkSync(socketPath);
+          if (socketPath) fs.unlinkSync(socketPath);
         } catch {
           // Already gone: nothing to clean up.
         }

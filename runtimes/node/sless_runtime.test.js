@@ -37,8 +37,19 @@ for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
 }
 
 /** One shim process with its own code dir and socket; fd 3 of the child is the ready pipe. */
+const LISTEN_LAUNCHER = `
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1])
+s.listen(8)
+if s.fileno() != 4:
+    os.dup2(s.fileno(), 4)
+os.set_inheritable(4, True)
+os.execv(sys.argv[2], sys.argv[2:])
+`;
+
 class Shim {
-  constructor(files, { entrypoint = 'handler.handle', deps = null, args = [], identity = true } = {}) {
+  constructor(files, { entrypoint = 'handler.handle', deps = null, args = [], identity = true, inherit = false } = {}) {
     this.dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sless-node-'));
     this.code = path.join(this.dir, 'code');
     this.deps = path.join(this.dir, 'deps');
@@ -49,7 +60,12 @@ class Shim {
     this.stderr = '';
     this.stdout = '';
     this.ready = '';
-    this.child = spawn(process.execPath, [SHIM, ...args], {
+    // `inherit`: the platform's way, a listening socket made outside and passed as fd 4
+    // (SLESS_LISTEN_FD). A small Python launcher binds it and execs node with it.
+    const [command, commandArgs] = inherit
+      ? ['/usr/bin/python3', ['-c', LISTEN_LAUNCHER, this.socket, process.execPath, SHIM, ...args]]
+      : [process.execPath, [SHIM, ...args]];
+    this.child = spawn(command, commandArgs, {
       cwd: this.code,
       env: {
         ...process.env,
@@ -63,6 +79,7 @@ class Shim {
         SLESS_REVISION: '7',
         SLESS_READY_FD: '3',
         ...(identity ? {} : { SLESS_NAMESPACE: '', SLESS_FUNCTION: '', SLESS_REVISION: '' }),
+        ...(inherit ? { SLESS_SOCKET: '', SLESS_LISTEN_FD: '4' } : {}),
       },
       stdio: ['ignore', 'pipe', 'pipe', 'pipe'],
     });
@@ -421,6 +438,28 @@ describe('loading', () => {
       await shim.stop();
     }
   });
+});
+
+describe('inherited listening socket', () => {
+  for (const entrypoint of ['handler.handle', '']) {
+    test(`serves on SLESS_LISTEN_FD and leaves the socket file (${entrypoint || 'generic'})`, async () => {
+      const shim = new Shim({ 'handler.js': HANDLER }, { entrypoint, inherit: true });
+      await shim.waitReady();
+      const ready = await shim.request('GET', '/_sless/ready');
+      assert.deepEqual([ready.status, ready.body], [200, 'ok']);
+      if (entrypoint) assert.equal((await shim.invoke({ n: 1 })).status, 200);
+      shim.agent.destroy();
+      shim.child.kill('SIGTERM');
+      assert.equal(await shim.exited, 0, shim.stderr);
+      // The socket file is the platform's; the warm-up's own socket is gone.
+      assert.ok(fs.statSync(shim.socket).isSocket());
+      assert.deepEqual(
+        fs.readdirSync(os.tmpdir()).filter((n) => n === `.sless-warm-up-${shim.child.pid}.sock`),
+        [],
+      );
+      await shim.stop();
+    });
+  }
 });
 
 describe('generic instance', () => {

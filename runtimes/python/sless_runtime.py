@@ -1176,18 +1176,35 @@ def listen_unix(path):
     return sock
 
 
-def serve(app, socket_path, ready_fd):
-    """Listens and serves until SIGTERM; returns True when in-flight requests drained in time."""
-    listener = listen_unix(socket_path)
+def listen_inherited(fd):
+    """The listening socket the platform created and passed as ``fd`` (``SLESS_LISTEN_FD``)."""
+    sock = socket.socket(fileno=fd)
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        sock.detach()
+        raise OSError("SLESS_LISTEN_FD %d is not a Unix stream socket" % fd)
+    # Listening already; this only raises the backlog to the shim's own.
+    sock.listen(1024)
+    return sock
+
+
+def serve(app, socket_path, ready_fd, listen_fd=None):
+    """Listens and serves until SIGTERM; returns True when in-flight requests drained in time.
+    An inherited listening socket (``listen_fd``) wins over binding ``socket_path``; its file
+    belongs to the platform and is left alone."""
+    if listen_fd is not None:
+        listener, socket_path = listen_inherited(listen_fd), None
+    else:
+        listener = listen_unix(socket_path)
     app.socket_path = socket_path
     try:
         graceful = Server(listener, app).serve(ready_fd)
     finally:
         listener.close()
-        try:
-            os.unlink(socket_path)
-        except OSError:
-            pass
+        if socket_path:
+            try:
+                os.unlink(socket_path)
+            except OSError:
+                pass
     if not graceful:
         log("shutdown: requests still running after %.0fs; exiting" % SHUTDOWN_GRACE_S)
     return graceful
@@ -1235,13 +1252,19 @@ def main(argv=None):
         return 0
 
     socket_path = env.get("SLESS_SOCKET")
-    if not socket_path:
-        log("SLESS_SOCKET is not set")
+    try:
+        listen_fd = env_int("SLESS_LISTEN_FD", None)
+    except LoadError as exc:
+        log(str(exc))
+        return 2
+    if listen_fd is None and not socket_path:
+        log("neither SLESS_LISTEN_FD nor SLESS_SOCKET is set")
         return 2
     try:
-        graceful = serve(app, socket_path, ready_fd)
+        graceful = serve(app, socket_path, ready_fd, listen_fd)
     except OSError as exc:
-        log("cannot serve on %s: %s" % (socket_path, exc))
+        where = "fd %d" % listen_fd if listen_fd is not None else socket_path
+        log("cannot serve on %s: %s" % (where, exc))
         return 2
     # Handler threads that are still running (or idle leaders) must not hold up interpreter exit.
     sys.stdout.flush()

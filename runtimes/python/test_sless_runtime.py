@@ -91,7 +91,7 @@ class Shim:
         self.proc = None
         self.ready_r = None
 
-    def start(self):
+    def start(self, extra_fds=()):
         ready_r, ready_w = os.pipe()
         self.env["SLESS_READY_FD"] = str(ready_w)
         self.stderr = open(os.path.join(self.dir, "stderr"), "w+")
@@ -99,7 +99,7 @@ class Shim:
             [sys.executable, SHIM, *self.args],
             env=self.env,
             cwd=self.code,
-            pass_fds=(ready_w,),
+            pass_fds=(ready_w, *extra_fds),
             stdout=subprocess.PIPE,
             stderr=self.stderr,
         )
@@ -668,6 +668,48 @@ LOAD = {
     "revision": 3,
     "concurrency": 4,
 }
+
+
+class InheritedListenerTest(unittest.TestCase):
+    """The platform's way: a listening socket created outside, passed as SLESS_LISTEN_FD."""
+
+    def test_serves_on_the_inherited_socket_and_leaves_its_file(self):
+        for entrypoint in ("handler.handle", ""):
+            with self.subTest(entrypoint=entrypoint):
+                shim = Shim({"handler.py": HANDLER}, entrypoint=entrypoint)
+                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                listener.bind(shim.socket)
+                listener.listen(8)
+                del shim.env["SLESS_SOCKET"]
+                shim.env["SLESS_LISTEN_FD"] = str(listener.fileno())
+                shim.start(extra_fds=(listener.fileno(),))
+                listener.close()
+                self.addCleanup(shim.stop)
+                self.assertEqual(shim.wait_ready(), b"ready\n")
+                conn = shim.conn()
+                conn.request("GET", "/_sless/ready")
+                resp = conn.getresponse()
+                self.assertEqual((resp.status, resp.read()), (200, b"ok"))
+                conn.close()
+                if entrypoint:
+                    self.assertEqual(shim.invoke({"kind": "int"})[2], 42)
+                shim.stop_keep_logs()
+                self.assertEqual(shim.proc.returncode, 0, shim.stderr_text())
+                # The socket file is the platform's: the shim never unlinks it.
+                self.assertTrue(os.path.exists(shim.socket))
+
+    def test_a_descriptor_that_is_not_a_socket_is_exit_2(self):
+        shim = Shim({"handler.py": HANDLER})
+        r, w = os.pipe()
+        del shim.env["SLESS_SOCKET"]
+        shim.env["SLESS_LISTEN_FD"] = str(r)
+        shim.start(extra_fds=(r,))
+        os.close(r)
+        os.close(w)
+        self.addCleanup(shim.stop)
+        code, stderr = shim.run_to_exit()
+        self.assertEqual(code, 2, stderr)
+        self.assertIn("cannot serve on fd", stderr)
 
 
 class GenericInstanceTest(unittest.TestCase):

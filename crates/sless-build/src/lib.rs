@@ -734,6 +734,7 @@ impl Builder {
             max_pids: BUILD_MAX_PIDS,
             network,
             ready_pipe: false,
+            listen: None,
         }
     }
 }

@@ -65,14 +65,12 @@ impl Instance {
     ) -> Result<Arc<Instance>, String> {
         let run_dir = cfg.run_dir.join(&id);
         let sock_dir = run_dir.join("sock");
-        prepare_run_dir(&run_dir, &sock_dir, None, cfg.sandbox_uid, cfg.sandbox_gid).map_err(
-            |e| {
-                format!(
-                    "cannot prepare instance directory {}: {e}",
-                    run_dir.display()
-                )
-            },
-        )?;
+        prepare_run_dir(&run_dir, &sock_dir, None).map_err(|e| {
+            format!(
+                "cannot prepare instance directory {}: {e}",
+                run_dir.display()
+            )
+        })?;
         let mut spec = process_spec(
             cfg,
             d.family,
@@ -108,14 +106,7 @@ impl Instance {
         let run_dir = cfg.run_dir.join(&id);
         let sock_dir = run_dir.join("sock");
         let slot = (run_dir.join("code"), run_dir.join("deps"));
-        prepare_run_dir(
-            &run_dir,
-            &sock_dir,
-            Some(&slot),
-            cfg.sandbox_uid,
-            cfg.sandbox_gid,
-        )
-        .map_err(|e| {
+        prepare_run_dir(&run_dir, &sock_dir, Some(&slot)).map_err(|e| {
             format!(
                 "cannot prepare instance directory {}: {e}",
                 run_dir.display()
@@ -497,8 +488,6 @@ fn prepare_run_dir(
     run_dir: &std::path::Path,
     sock_dir: &std::path::Path,
     slot: Option<&(PathBuf, PathBuf)>,
-    uid: u32,
-    gid: u32,
 ) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(sock_dir)?;
@@ -509,13 +498,9 @@ fn prepare_run_dir(
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
         }
     }
-    std::fs::set_permissions(sock_dir, std::fs::Permissions::from_mode(0o700))?;
-    // The shim creates its socket here as the sandbox user. Only root may chown;
-    // an unprivileged server runs instances as itself and needs no change.
-    match std::os::unix::fs::chown(sock_dir, Some(uid), Some(gid)) {
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Ok(()),
-        other => other,
-    }
+    // The server's alone: the sandbox creates the listening socket here and hands the
+    // shim its descriptor, so no function can write to the host's disk through it.
+    std::fs::set_permissions(sock_dir, std::fs::Permissions::from_mode(0o700))
 }
 
 /// The function-specific environment of a cold-started instance (a generic
@@ -558,11 +543,14 @@ fn process_spec(
         ("PYTHONUNBUFFERED", "1"),
         ("PYTHONDONTWRITEBYTECODE", "1"),
         ("NODE_PATH", "/deps/node_modules"),
-        ("SLESS_SOCKET", "/run/sless/fn.sock"),
         ("SLESS_READY_FD", "3"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
+    .chain([(
+        "SLESS_LISTEN_FD".to_string(),
+        sless_sandbox::LISTEN_FD.to_string(),
+    )])
     .collect();
     let mut mounts = vec![
         Mount {
@@ -574,11 +562,6 @@ fn process_spec(
             source: cfg.runtime_dir.clone(),
             target: "/runtime".into(),
             writable: false,
-        },
-        Mount {
-            source: sock_dir.to_path_buf(),
-            target: "/run/sless".into(),
-            writable: true,
         },
     ];
     if let Some(deps) = deps {
@@ -599,6 +582,7 @@ fn process_spec(
         max_pids: cfg.max_pids,
         network: true,
         ready_pipe: true,
+        listen: Some(sock_dir.join("fn.sock")),
     }
 }
 

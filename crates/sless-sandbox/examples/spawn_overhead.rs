@@ -81,6 +81,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             max_pids: 64,
             network: true,
             ready_pipe: true,
+            listen: None,
         };
         let start = Instant::now();
         let mut child = sandbox.spawn(&spec)?;

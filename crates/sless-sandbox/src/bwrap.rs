@@ -116,12 +116,41 @@ pub(crate) fn validate(spec: &ProcessSpec) -> Result<(), String> {
             ));
         }
     }
-    for (key, _) in &spec.env {
+    for (key, value) in &spec.env {
         if key.is_empty() || key.contains('=') || key.contains('\0') {
             return Err(format!("invalid environment variable name {key:?}"));
         }
+        if value.contains('\0') {
+            return Err(format!("environment variable {key} contains a NUL byte"));
+        }
+        if is_loader_variable(key) {
+            return Err(format!(
+                "environment variable {key} would act on bwrap and setpriv, which run privileged"
+            ));
+        }
     }
     Ok(())
+}
+
+/// Variables glibc's loader and C library act on before `main` (its list of variables
+/// unsafe for privileged programs, less `TMPDIR`, `TZDIR` and the resolver's). bwrap and
+/// setpriv start with the program's environment, as root in root mode: `LD_PRELOAD` there
+/// would run the function's code before the privilege drop. (`sless-core` refuses the
+/// same names at the API.)
+fn is_loader_variable(name: &str) -> bool {
+    name.starts_with("LD_")
+        || matches!(
+            name,
+            "GCONV_PATH"
+                | "GETCONF_DIR"
+                | "GLIBC_TUNABLES"
+                | "HOSTALIASES"
+                | "LOCPATH"
+                | "MALLOC_TRACE"
+                | "NIS_PATH"
+                | "NLSPATH"
+                | "RESOLV_HOST_CONF"
+        )
 }
 
 /// A path inside the sandbox must be absolute and free of `..`, so it means what it says.
@@ -226,10 +255,9 @@ pub(crate) fn build_args(
     }
 
     args.push(["--chdir".as_ref(), spec.cwd.as_os_str()]);
-    args.push(["--clearenv"]);
-    for (key, value) in &spec.env {
-        args.push(["--setenv", key.as_str(), value.as_str()]);
-    }
+    // The environment is bwrap's own, passed on to the program (see `process::Launch`).
+    // The filter is loaded last, after bwrap's setup, and applies to setpriv too.
+    args.push(["--seccomp".to_owned(), crate::SECCOMP_FD.to_string()]);
 
     match privilege {
         Privilege::Root { setpriv, uid, gid } => {
@@ -321,6 +349,7 @@ mod tests {
             max_pids: 16,
             network: true,
             ready_pipe: true,
+            listen: None,
         }
     }
 
@@ -405,10 +434,8 @@ mod tests {
             "/run/sless",
             "--chdir",
             "/code",
-            "--clearenv",
-            "--setenv",
-            "A",
-            "b c",
+            "--seccomp",
+            "5",
             "--cap-drop",
             "ALL",
             "--cap-add",
@@ -517,20 +544,26 @@ mod tests {
     }
 
     #[test]
-    fn environment_is_cleared_then_set_verbatim() {
+    fn environment_never_appears_on_the_command_line() {
         let mut s = spec();
-        s.env = vec![
-            ("PATH".into(), "/usr/bin".into()),
-            ("EMPTY".into(), String::new()),
-        ];
-        let args = strings(build_args(&s, &layout(), &root()));
-        let clear = find(&args, &["--clearenv"]).expect("clearenv");
-        let set = find(
-            &args,
-            &["--setenv", "PATH", "/usr/bin", "--setenv", "EMPTY", ""],
-        )
-        .expect("setenv");
-        assert!(clear < set);
+        s.env = vec![("SECRET".into(), "hunter2".into())];
+        for privilege in [root(), Privilege::Unprivileged] {
+            let args = strings(build_args(&s, &layout(), &privilege));
+            assert!(
+                !args
+                    .iter()
+                    .any(|a| a.contains("SECRET") || a.contains("hunter2"))
+            );
+            assert!(!args.iter().any(|a| a == "--setenv" || a == "--clearenv"));
+        }
+    }
+
+    #[test]
+    fn seccomp_filter_is_always_loaded() {
+        for privilege in [root(), Privilege::Unprivileged] {
+            let args = strings(build_args(&spec(), &layout(), &privilege));
+            assert!(find(&args, &["--seccomp", "5"]).is_some(), "{args:?}");
+        }
     }
 
     #[test]
@@ -562,6 +595,9 @@ mod tests {
             |s| s.mounts[0].target = "relative".into(),
             |s| s.mounts[0].source = "relative".into(),
             |s| s.env.push(("A=B".into(), "x".into())),
+            |s| s.env.push(("A".into(), "x\0y".into())),
+            |s| s.env.push(("LD_PRELOAD".into(), "/code/x.so".into())),
+            |s| s.env.push(("GLIBC_TUNABLES".into(), "x".into())),
         ];
         for (i, breaker) in bad.into_iter().enumerate() {
             let mut s = spec();

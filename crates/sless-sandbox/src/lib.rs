@@ -20,10 +20,14 @@
 mod bwrap;
 mod cgroup;
 mod process;
+mod seccomp;
 #[cfg(test)]
 mod tests;
 
-use std::io;
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -34,6 +38,12 @@ use crate::cgroup::{Cgroup, Hierarchy};
 
 /// Where util-linux installs `setpriv` (Debian, Fedora, Alpine's util-linux-misc alike).
 const SETPRIV: &str = "/usr/bin/setpriv";
+
+/// The descriptor a program gets its listening socket as (see [`ProcessSpec::listen`]).
+pub const LISTEN_FD: i32 = 4;
+
+/// The descriptor bwrap reads the seccomp filter from (it closes it before the program).
+const SECCOMP_FD: i32 = 5;
 
 /// A directory made visible inside the sandbox.
 #[derive(Debug, Clone)]
@@ -51,7 +61,10 @@ pub struct ProcessSpec {
     /// Program path as seen inside the sandbox (e.g. `/usr/bin/python3`).
     pub program: PathBuf,
     pub args: Vec<String>,
-    /// The complete environment (nothing is inherited from the server).
+    /// The complete environment (nothing is inherited from the server). It reaches the
+    /// program through the process environment, never a command line. Variables the
+    /// dynamic loader acts on (`LD_*`, `GLIBC_TUNABLES`, ...) are refused: the setup
+    /// helpers run privileged with this environment.
     pub env: Vec<(String, String)>,
     pub mounts: Vec<Mount>,
     /// Working directory inside the sandbox.
@@ -64,6 +77,11 @@ pub struct ProcessSpec {
     pub network: bool,
     /// Pass a pipe as fd 3 and expose its read end as [`Child::ready`].
     pub ready_pipe: bool,
+    /// A host path where the sandbox creates a listening Unix socket (replacing a stale
+    /// socket there) and hands it to the program as fd [`LISTEN_FD`]. The program never
+    /// needs a writable view of the socket's directory that way; the socket file is owned
+    /// by the server.
+    pub listen: Option<PathBuf>,
 }
 
 /// How to build sandboxes.
@@ -144,6 +162,16 @@ pub enum SandboxError {
     /// `spawn` was called outside a tokio runtime.
     #[error("Sandbox::spawn must be called inside a tokio runtime")]
     NoRuntime,
+    /// Creating the listening socket of [`ProcessSpec::listen`] failed.
+    #[error("listening socket {path} of {id:?}: {source}")]
+    Listen {
+        id: String,
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// Handing the seccomp filter to bwrap failed.
+    #[error("seccomp filter of {id:?}: {source}")]
+    Seccomp { id: String, source: io::Error },
     /// Changing the owner of a directory for the sandbox user failed.
     #[error("cannot hand {path} to the sandbox user: {source}")]
     Chown { path: PathBuf, source: io::Error },
@@ -156,6 +184,8 @@ pub struct Sandbox {
     privilege: Privilege,
     layout: HostLayout,
     hierarchy: Option<Hierarchy>,
+    /// The compiled seccomp filter (see `seccomp.rs`).
+    seccomp: Vec<u8>,
 }
 
 impl Sandbox {
@@ -224,6 +254,7 @@ impl Sandbox {
             cfg,
             privilege,
             hierarchy,
+            seccomp: seccomp::program(),
         };
         sandbox.probe()?;
         let caps = sandbox.capabilities();
@@ -287,17 +318,25 @@ impl Sandbox {
             reason,
         })?;
         let argv = bwrap::build_args(spec, &self.layout, &self.privilege);
+        let mut fds = vec![(self.seccomp_fd(&spec.id)?, SECCOMP_FD)];
+        if let Some(path) = &spec.listen {
+            fds.push((listen(&spec.id, path)?, LISTEN_FD));
+        }
         let cgroup = match &self.hierarchy {
             Some(h) => Some(self.create_cgroup(h, spec)?),
             None => None,
         };
         let result = process::spawn(
             handle,
-            &self.cfg.bwrap,
-            argv,
-            &spec.id,
-            spec.ready_pipe,
-            cgroup.clone(),
+            process::Launch {
+                bwrap: &self.cfg.bwrap,
+                argv,
+                env: &spec.env,
+                id: &spec.id,
+                ready_pipe: spec.ready_pipe,
+                fds,
+                cgroup: cgroup.clone(),
+            },
         );
         if result.is_err()
             && let Some(cgroup) = cgroup
@@ -306,6 +345,19 @@ impl Sandbox {
             tracing::warn!(id = %spec.id, %err, "cannot remove the cgroup of a failed start");
         }
         result
+    }
+
+    /// A pipe holding the seccomp filter, for bwrap to read to its end.
+    fn seccomp_fd(&self, id: &str) -> Result<OwnedFd, SandboxError> {
+        let err = |source| SandboxError::Seccomp {
+            id: id.to_owned(),
+            source,
+        };
+        let (reader, mut writer) = io::pipe().map_err(err)?;
+        // A few hundred bytes: far below the pipe's buffer, so this never blocks.
+        writer.write_all(&self.seccomp).map_err(err)?;
+        drop(writer);
+        Ok(OwnedFd::from(reader))
     }
 
     /// Makes `dir` owned by the sandbox uid/gid, so a writable mount of it is writable
@@ -382,11 +434,22 @@ impl Sandbox {
             max_pids: 0,
             network: false,
             ready_pipe: false,
+            listen: None,
         };
-        let output = std::process::Command::new(&self.cfg.bwrap)
+        // The filter goes in as the real ones do: a bwrap that cannot load it fails here.
+        let filter = self.seccomp_fd("probe")?;
+        let mut command = std::process::Command::new(&self.cfg.bwrap);
+        command
             .args(bwrap::build_args(&spec, &self.layout, &self.privilege))
             .env_clear()
-            .stdin(std::process::Stdio::null())
+            .stdin(std::process::Stdio::null());
+        let _staged = process::pass_fd(&mut command, &filter, SECCOMP_FD).map_err(|source| {
+            SandboxError::Seccomp {
+                id: "probe".to_owned(),
+                source,
+            }
+        })?;
+        let output = command
             .output()
             .map_err(|source| SandboxError::BwrapUnavailable {
                 path: self.cfg.bwrap.clone(),
@@ -442,4 +505,26 @@ fn check_bwrap_runs(bwrap: &Path) -> Result<(), SandboxError> {
             String::from_utf8_lossy(&output.stderr).trim()
         ))))
     }
+}
+
+/// Binds and listens on `path`, replacing a stale socket there but no other kind of file.
+fn listen(id: &str, path: &Path) -> Result<OwnedFd, SandboxError> {
+    let err = |source| SandboxError::Listen {
+        id: id.to_owned(),
+        path: path.to_path_buf(),
+        source,
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path).map_err(err)?,
+        Ok(_) => {
+            return Err(err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "exists and is not a socket",
+            )));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(err)?;
+    Ok(OwnedFd::from(listener))
 }

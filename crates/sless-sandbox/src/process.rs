@@ -28,6 +28,10 @@ pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// The file descriptor the ready pipe is passed as (see the instance protocol).
 const READY_FD: RawFd = 3;
 
+/// Descriptors handed to the child are first moved at least this high in the parent, so
+/// moving them to their final numbers (3, 4, ...) in the child never overwrites another.
+const STAGING_FD_MIN: RawFd = 10;
+
 /// A running sandboxed process.
 ///
 /// Dropping it SIGKILLs whatever is left of the instance and removes its cgroup. That
@@ -223,15 +227,34 @@ impl Drop for Child {
     }
 }
 
-/// Starts bwrap with `argv`, inside `cgroup` when given.
+/// What [`spawn`] starts.
+pub(crate) struct Launch<'a> {
+    pub(crate) bwrap: &'a Path,
+    pub(crate) argv: Vec<OsString>,
+    /// bwrap's environment, which it hands on to the program (never its argv: that is
+    /// readable by every user of the host in `/proc/<pid>/cmdline`, and bounded).
+    pub(crate) env: &'a [(String, String)],
+    pub(crate) id: &'a str,
+    pub(crate) ready_pipe: bool,
+    /// Further descriptors bwrap inherits, each as the given number.
+    pub(crate) fds: Vec<(OwnedFd, RawFd)>,
+    pub(crate) cgroup: Option<Arc<dyn Cgroup>>,
+}
+
+/// Starts bwrap as `launch` says, inside its cgroup when given.
 pub(crate) fn spawn(
     handle: tokio::runtime::Handle,
-    bwrap: &Path,
-    argv: Vec<OsString>,
-    id: &str,
-    ready_pipe: bool,
-    cgroup: Option<Arc<dyn Cgroup>>,
+    launch: Launch<'_>,
 ) -> Result<Child, SandboxError> {
+    let Launch {
+        bwrap,
+        argv,
+        env,
+        id,
+        ready_pipe,
+        fds,
+        cgroup,
+    } = launch;
     let spawn_err = |source: io::Error| SandboxError::Spawn {
         id: id.to_owned(),
         source,
@@ -269,12 +292,25 @@ pub(crate) fn spawn(
     } else {
         (None, None)
     };
-    let ready_fd = ready_writer.as_ref().map(AsRawFd::as_raw_fd);
+    let mut inherit: Vec<(OwnedFd, RawFd)> = fds;
+    if let Some(writer) = ready_writer {
+        inherit.push((OwnedFd::from(writer), READY_FD));
+    }
+    let inherit: Vec<(OwnedFd, RawFd)> = inherit
+        .into_iter()
+        .map(|(fd, target)| Ok((staged(&fd)?, target)))
+        .collect::<io::Result<_>>()
+        .map_err(spawn_err)?;
+    let moves: Vec<(RawFd, RawFd)> = inherit
+        .iter()
+        .map(|(fd, target)| (fd.as_raw_fd(), *target))
+        .collect();
     let parent = std::process::id() as libc::pid_t;
 
     let mut cmd = tokio::process::Command::new(bwrap);
     cmd.args(argv)
         .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -284,7 +320,7 @@ pub(crate) fn spawn(
     // parent keeps open until `spawn` returns, reads captured integers and allocates nothing
     // (`io::Error::last_os_error` only wraps an errno).
     unsafe {
-        cmd.pre_exec(move || child_setup(&join_fds, ready_fd, parent));
+        cmd.pre_exec(move || child_setup(&join_fds, &moves, parent));
     }
 
     let child = on_spawner_thread(move || {
@@ -298,7 +334,7 @@ pub(crate) fn spawn(
     // The child has its copies now; ours would only keep the ready pipe from reporting EOF
     // when the program closes fd 3.
     drop(join);
-    drop(ready_writer);
+    drop(inherit);
     let mut child = child;
 
     let pgid = child
@@ -324,8 +360,49 @@ pub(crate) fn spawn(
     })
 }
 
+/// Makes a blocking `Command` (the start-up probe) pass `fd` to its child as `target`.
+/// The returned descriptor must stay open until the command has been spawned.
+pub(crate) fn pass_fd(
+    cmd: &mut std::process::Command,
+    fd: &OwnedFd,
+    target: RawFd,
+) -> io::Result<OwnedFd> {
+    use std::os::unix::process::CommandExt;
+    let staged = staged(fd)?;
+    let moves = [(staged.as_raw_fd(), target)];
+    // SAFETY: the hook only makes fcntl/close_range/dup2 calls (async-signal-safe) on a descriptor the
+    // caller keeps open until the spawn, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            cloexec_from(3)?;
+            if libc::dup2(moves[0].0, moves[0].1) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(staged)
+}
+
+/// A close-on-exec duplicate of `fd` numbered at least [`STAGING_FD_MIN`].
+fn staged(fd: &OwnedFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl on a descriptor we own; F_DUPFD_CLOEXEC returns a new one or -1.
+    let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, STAGING_FD_MIN) };
+    if dup < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(dup) })
+}
+
 /// Runs in the forked child before exec. Async-signal-safe calls only (see `spawn`).
-fn child_setup(join_fds: &[RawFd], ready_fd: Option<RawFd>, parent: libc::pid_t) -> io::Result<()> {
+/// `moves` are (staged descriptor, number the child gets it as); every staged one is at
+/// least [`STAGING_FD_MIN`] and every target below, so no move overwrites another's source.
+fn child_setup(
+    join_fds: &[RawFd],
+    moves: &[(RawFd, RawFd)],
+    parent: libc::pid_t,
+) -> io::Result<()> {
     // Joining before exec means bwrap and everything it starts are accounted and limited
     // from the first instruction; nothing can fork outside the cgroup.
     for &fd in join_fds {
@@ -360,16 +437,49 @@ fn child_setup(join_fds: &[RawFd], ready_fd: Option<RawFd>, parent: libc::pid_t)
     if unsafe { libc::setsid() } < 0 {
         return Err(io::Error::last_os_error());
     }
-    if let Some(fd) = ready_fd {
-        if fd == READY_FD {
-            // dup2 onto itself keeps close-on-exec set; clear it so bwrap inherits fd 3.
-            // SAFETY: fcntl on an open descriptor with integer arguments.
-            if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
-                return Err(io::Error::last_os_error());
-            }
-        // SAFETY: dup2 between two descriptor numbers; the new fd 3 is not close-on-exec.
-        } else if unsafe { libc::dup2(fd, READY_FD) } < 0 {
+    cloexec_from(3)?;
+    for &(fd, target) in moves {
+        // SAFETY: dup2 between two descriptor numbers; the new one is not close-on-exec
+        // (the staged source is, and goes away at exec).
+        if unsafe { libc::dup2(fd, target) } < 0 {
             return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Marks every descriptor from `first` up close-on-exec, so bwrap (and so the program)
+/// gets only the ones moved into place afterwards: nothing the server inherited from its
+/// own parent without close-on-exec leaks into a sandbox. Marking rather than closing
+/// keeps the standard library's exec-error pipe working. Async-signal-safe.
+fn cloexec_from(first: RawFd) -> io::Result<()> {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: close_range with integer arguments (Linux 5.11 for the CLOEXEC flag).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    // Older kernels: one fcntl per possible descriptor, up to the soft limit.
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let last = RawFd::try_from(limit.rlim_cur.min(1 << 20)).unwrap_or(RawFd::MAX);
+    for fd in first..last {
+        // SAFETY: fcntl with integer arguments; EBADF for unused numbers is ignored.
+        unsafe {
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
         }
     }
     Ok(())

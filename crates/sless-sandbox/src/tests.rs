@@ -62,6 +62,7 @@ fn python(id: &str, script: &str) -> ProcessSpec {
         max_pids: 64,
         network: true,
         ready_pipe: false,
+        listen: None,
     }
 }
 
@@ -620,4 +621,133 @@ async fn dropping_one_sandbox_does_not_break_another_of_the_same_name() {
     let (exit, stdout, stderr) = finish(&mut child).await;
     assert!(exit.success(), "{exit}: {stderr}");
     assert_eq!(stdout, "ok\n");
+}
+
+/// Tries what a kernel exploit starts with; prints `name errno` lines (0 when allowed).
+const HOSTILE_SCRIPT: &str = r#"
+import ctypes, os, subprocess, json
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(f, *args):
+    r = f(*args)
+    return 0 if r >= 0 else ctypes.get_errno()
+def sys(nr, *args):
+    return call(libc.syscall, ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+out = {
+    "unshare_user": call(libc.unshare, 0x10000000),
+    "unshare_mount": call(libc.unshare, 0x00020000),
+    "ptrace_traceme": call(libc.ptrace, 0, 0, 0, 0),
+    "keyctl": sys(250, 0, -3, 0),          # KEYCTL_GET_KEYRING_ID, the session keyring
+    "io_uring_setup": sys(425, 1, ctypes.addressof(ctypes.create_string_buffer(120))),
+    "personality_no_aslr": call(libc.personality, 0x0040000),
+    "mount": call(libc.mount, b"none", b"/tmp", b"tmpfs", 0, None),
+}
+p = subprocess.run(["unshare", "-Ur", "true"], capture_output=True, text=True)
+out["unshare_cmd"] = [p.returncode, p.stderr.strip()]
+# Ordinary work still goes: threads, a child process, fork.
+import threading
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+out["child"] = subprocess.run(["true"]).returncode
+out["fds"] = sorted(int(f) for f in os.listdir("/proc/self/fd"))
+
+print(json.dumps(out))
+"#;
+
+#[tokio::test]
+async fn seccomp_refuses_namespaces_ptrace_and_kernel_interfaces() {
+    // The numbers in the script are x86_64's.
+    if !cfg!(target_arch = "x86_64") {
+        return;
+    }
+    let sandbox = TestSandbox::new("seccomp");
+    let mut child = sandbox
+        .spawn(&python("seccomp", HOSTILE_SCRIPT))
+        .expect("spawn");
+    let (exit, stdout, stderr) = finish(&mut child).await;
+    assert!(exit.success(), "{exit}: {stderr}");
+    let r: serde_json::Value = serde_json::from_str(&stdout).expect("json");
+    let (eperm, enosys) = (libc::EPERM, libc::ENOSYS);
+    for (name, errno) in [
+        ("unshare_user", eperm),
+        ("unshare_mount", eperm),
+        ("ptrace_traceme", eperm),
+        ("keyctl", eperm),
+        ("io_uring_setup", enosys),
+        ("personality_no_aslr", eperm),
+        ("mount", eperm),
+    ] {
+        assert_eq!(r[name], errno, "{name}: {r}");
+    }
+    assert_eq!(r["unshare_cmd"][0], 1, "{r}");
+    assert!(
+        r["unshare_cmd"][1]
+            .as_str()
+            .is_some_and(|e| e.contains("Operation not permitted")),
+        "{r}"
+    );
+    assert_eq!(r["child"], 0);
+    // bwrap closed the filter's descriptor, and nothing the server inherited from its own
+    // parent leaks in: the program has its stdio and the listing's own descriptor.
+    assert_eq!(r["fds"], serde_json::json!([0, 1, 2, 3]), "{r}");
+}
+
+#[tokio::test]
+async fn environment_arrives_intact_and_off_the_command_line() {
+    let sandbox = TestSandbox::new("env");
+    let big = "v".repeat(100_000);
+    let mut spec = python(
+        "env",
+        "import os, json\nprint(json.dumps({'big': len(os.environ['BIG']), 'odd': os.environ['ODD'], \
+         'cmdline': 'v' * 64 in open('/proc/1/cmdline').read(), 'keys': sorted(os.environ)}))",
+    );
+    spec.env.push(("BIG".to_owned(), big));
+    spec.env.push(("ODD".to_owned(), "a b\n'c\"=".to_owned()));
+    let mut child = sandbox.spawn(&spec).expect("spawn");
+    let (exit, stdout, stderr) = finish(&mut child).await;
+    assert!(exit.success(), "{exit}: {stderr}");
+    let r: serde_json::Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(r["big"], 100_000);
+    assert_eq!(r["odd"], "a b\n'c\"=");
+    // bwrap's argv, which the host shows to every user, does not carry the values.
+    assert_eq!(r["cmdline"], false);
+    // bwrap adds `PWD`, Python its `LC_CTYPE` coercion; nothing of the server gets in.
+    assert_eq!(
+        r["keys"],
+        serde_json::json!(["BIG", "LC_CTYPE", "ODD", "PATH", "PWD"])
+    );
+}
+
+#[tokio::test]
+async fn listen_socket_is_created_outside_and_passed_as_fd_4() {
+    use std::io::{Read, Write};
+    let sandbox = TestSandbox::new("listen");
+    let dir = dir_with_mode(0o700);
+    let path = dir.path().join("fn.sock");
+    // A stale socket from an earlier instance is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&path).expect("stale"));
+    let mut spec = python(
+        "listen",
+        "import socket\ns = socket.socket(fileno=4)\nc, _ = s.accept()\nc.sendall(c.recv(10)[::-1])",
+    );
+    spec.listen = Some(path.clone());
+    let mut child = sandbox.spawn(&spec).expect("spawn");
+    let mut conn = std::os::unix::net::UnixStream::connect(&path).expect("connect");
+    conn.write_all(b"olleh").expect("write");
+    let mut back = String::new();
+    conn.read_to_string(&mut back).expect("read");
+    assert_eq!(back, "hello");
+    let (exit, _, stderr) = finish(&mut child).await;
+    assert!(exit.success(), "{exit}: {stderr}");
+    let meta = fs::symlink_metadata(&path).expect("socket stays");
+    assert_eq!(meta.uid(), unsafe { libc::geteuid() });
+
+    // Anything else at the path is left alone and the start fails.
+    let file = dir.path().join("file");
+    fs::write(&file, "keep").expect("write");
+    spec.listen = Some(file.clone());
+    assert!(matches!(
+        sandbox.spawn(&spec),
+        Err(SandboxError::Listen { .. })
+    ));
+    assert_eq!(fs::read_to_string(&file).expect("read"), "keep");
 }
