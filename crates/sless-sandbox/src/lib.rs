@@ -354,7 +354,7 @@ impl Sandbox {
             source,
         };
         let (reader, mut writer) = io::pipe().map_err(err)?;
-        // A few hundred bytes: far below the pipe's buffer, so this never blocks.
+        // Under a kilobyte: far below the pipe's buffer, so this never blocks.
         writer.write_all(&self.seccomp).map_err(err)?;
         drop(writer);
         Ok(OwnedFd::from(reader))
