@@ -45,9 +45,6 @@ pub struct ExecutorConfig {
     pub max_queue: usize,
     /// Process-count limit per instance.
     pub max_pids: u32,
-    /// uid/gid the sandboxed processes run as (the run directory is handed to them).
-    pub sandbox_uid: u32,
-    pub sandbox_gid: u32,
     /// Generic instances kept pre-started per runtime family (0 disables the warm pool).
     pub prewarm_per_runtime: usize,
 }

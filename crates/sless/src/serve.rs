@@ -196,8 +196,6 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             queue_timeout: Duration::from_secs(args.queue_timeout_sec),
             max_queue: args.max_queue,
             max_pids: 256,
-            sandbox_uid: args.sandbox_uid,
-            sandbox_gid: args.sandbox_uid,
             prewarm_per_runtime: args.prewarm,
         },
         sandbox.clone(),
