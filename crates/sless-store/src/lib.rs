@@ -49,7 +49,7 @@ impl StoreError {
     /// The disk under the database is full (`SQLITE_FULL`, `ENOSPC`).
     pub fn is_storage_full(&self) -> bool {
         self.sqlite_code().is_some_and(|c| c & 0xff == 13)
-            || self.io_errno() == Some(28)
+            || matches!(self, StoreError::Database(sqlx::Error::Io(e)) if e.kind() == std::io::ErrorKind::StorageFull)
     }
 
     /// The database file was deleted or replaced under the running server
@@ -63,13 +63,6 @@ impl StoreError {
             return None;
         };
         e.as_database_error()?.code()?.parse().ok()
-    }
-
-    fn io_errno(&self) -> Option<i32> {
-        match self {
-            StoreError::Database(sqlx::Error::Io(e)) => e.raw_os_error(),
-            _ => None,
-        }
     }
 }
 
