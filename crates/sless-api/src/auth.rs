@@ -169,9 +169,11 @@ impl AuthLimiter {
     fn check_at(&self, ip: IpAddr, now: Instant) -> Result<(), u64> {
         let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let key = Self::key(ip);
-        let entry = table
-            .get(&key)
-            .or_else(|| table.get(&IpAddr::V6(Ipv6Addr::UNSPECIFIED)).filter(|_| table.len() >= self.capacity));
+        let entry = table.get(&key).or_else(|| {
+            table
+                .get(&IpAddr::V6(Ipv6Addr::UNSPECIFIED))
+                .filter(|_| table.len() >= self.capacity)
+        });
         match entry {
             Some(f) if f.count >= self.max_failures && now < f.since + self.window => {
                 let left = (f.since + self.window).saturating_duration_since(now);
@@ -293,11 +295,19 @@ mod tests {
             l.failed_at(a, t0);
         }
         assert_eq!(l.check_at(a, t0 + Duration::from_millis(500)), Err(60));
-        assert_eq!(l.check_at(b, t0), Ok(()), "other addresses are not affected");
+        assert_eq!(
+            l.check_at(b, t0),
+            Ok(()),
+            "other addresses are not affected"
+        );
         assert_eq!(l.check_at(a, t0 + Duration::from_secs(59)), Err(1));
         assert_eq!(l.check_at(a, t0 + Duration::from_secs(60)), Ok(()));
         l.failed_at(a, t0 + Duration::from_secs(61));
-        assert_eq!(l.check_at(a, t0 + Duration::from_secs(61)), Ok(()), "a new window");
+        assert_eq!(
+            l.check_at(a, t0 + Duration::from_secs(61)),
+            Ok(()),
+            "a new window"
+        );
     }
 
     #[test]

@@ -85,7 +85,8 @@ impl From<sless_blob::BlobError> for ApiError {
     fn from(e: sless_blob::BlobError) -> Self {
         match &e {
             sless_blob::BlobError::Io { source, .. }
-                if source.kind() == std::io::ErrorKind::StorageFull => {
+                if source.kind() == std::io::ErrorKind::StorageFull =>
+            {
                 tracing::error!(error = %e, "the code store's disk is full");
                 ApiError::InsufficientStorage(
                     "the disk holding the code store is full: the archive was not stored".into(),

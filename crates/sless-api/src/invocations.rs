@@ -165,7 +165,10 @@ mod tests {
         ];
         assert_eq!(parse(&empty).unwrap(), InvocationFilter::default());
         assert_eq!(parse(&[("limit", "1000")]).unwrap().limit, Some(1000));
-        assert!(parse(&[("limit", "1001")]).is_err(), "over the maximum is refused, not clamped");
+        assert!(
+            parse(&[("limit", "1001")]).is_err(),
+            "over the maximum is refused, not clamped"
+        );
         assert_eq!(
             parse(&[("status", "200"), ("status", "404")])
                 .unwrap()

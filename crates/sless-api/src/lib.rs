@@ -30,8 +30,8 @@ use sless_records::Recorder;
 use sless_store::{InvocationStore, JobStore, Store, TriggerStore};
 
 pub use auth::{AuthLimiter, Caller, Tokens, hash_token, new_token};
-pub use storage::{Storage, StorageProblem};
 pub use error::ApiError;
+pub use storage::{Storage, StorageProblem};
 
 /// Everything the handlers share.
 #[derive(Clone)]

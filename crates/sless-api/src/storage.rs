@@ -30,16 +30,16 @@ pub enum StorageProblem {
     )]
     StoreGone,
     /// Free space is below the configured minimum.
-    #[error("the server's disk is full ({free} bytes free, at least {min} needed): nothing can be stored")]
+    #[error(
+        "the server's disk is full ({free} bytes free, at least {min} needed): nothing can be stored"
+    )]
     Full { free: u64, min: u64 },
 }
 
 impl Storage {
     /// Remembers which file `db_path` is now; `min_free` bytes must stay free in `data_dir`.
     pub fn new(data_dir: PathBuf, db_path: PathBuf, min_free: u64) -> Storage {
-        let db_id = std::fs::metadata(&db_path)
-            .ok()
-            .map(|m| (m.dev(), m.ino()));
+        let db_id = std::fs::metadata(&db_path).ok().map(|m| (m.dev(), m.ino()));
         Storage {
             data_dir,
             db_path,
@@ -61,6 +61,8 @@ impl Storage {
         if self.min_free > 0
             && let Ok(st) = nix::sys::statvfs::statvfs(&self.data_dir)
         {
+            // The field types differ between platforms (u32 on some 32-bit ones).
+            #[allow(clippy::unnecessary_cast)]
             let free = (st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64);
             if free < self.min_free {
                 return Some(StorageProblem::Full {

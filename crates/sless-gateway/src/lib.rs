@@ -184,7 +184,11 @@ async fn invoke_path(
     }
 }
 
-async fn trigger_root(State(gw): State<Gateway>, path: PathResult<String>, req: Request) -> Response {
+async fn trigger_root(
+    State(gw): State<Gateway>,
+    path: PathResult<String>,
+    req: Request,
+) -> Response {
     match path {
         Ok(Path(ns)) => trigger(gw, ns, "/".to_string(), req).await,
         Err(e) => bad_path(e),
@@ -329,7 +333,11 @@ async fn serve(
             );
         }
         Err(e @ BodyError::TimedOut(_)) => {
-            return error_response(StatusCode::REQUEST_TIMEOUT, "request_timeout", &e.to_string());
+            return error_response(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                &e.to_string(),
+            );
         }
         Err(e) => return error_response(StatusCode::BAD_REQUEST, "bad_request", &e.to_string()),
     };

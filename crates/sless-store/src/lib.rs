@@ -55,7 +55,8 @@ impl StoreError {
     /// The database file was deleted or replaced under the running server
     /// (`SQLITE_READONLY_DBMOVED`), or cannot be opened any more (`SQLITE_CANTOPEN`).
     pub fn is_store_gone(&self) -> bool {
-        self.sqlite_code().is_some_and(|c| c == 1032 || c & 0xff == 14)
+        self.sqlite_code()
+            .is_some_and(|c| c == 1032 || c & 0xff == 14)
     }
 
     fn sqlite_code(&self) -> Option<i64> {

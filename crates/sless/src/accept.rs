@@ -119,7 +119,9 @@ pub async fn serve(
                     Some(Errno::EMFILE | Errno::ENFILE | Errno::ENOBUFS | Errno::ENOMEM)
                 );
                 if pressure {
-                    warned.warn(|| tracing::warn!(error = %e, "cannot accept connections: backing off"));
+                    warned.warn(
+                        || tracing::warn!(error = %e, "cannot accept connections: backing off"),
+                    );
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 continue;

@@ -452,7 +452,11 @@ async fn every_error_has_the_contract_shape() {
     assert_eq!(status, 201);
     let http = client();
     let cases: &[(&str, &str, u16)] = &[
-        ("GET", "/v1/namespaces/default/functions/f/logs?tail=-1", 400),
+        (
+            "GET",
+            "/v1/namespaces/default/functions/f/logs?tail=-1",
+            400,
+        ),
         ("GET", "/v1/namespaces/default/jobs/x?wait=-1", 400),
         ("GET", "/v1/namespaces/default/invocations?limit=1001", 400),
         ("GET", "/v1/namespaces/default/functions/%ff", 400),
@@ -531,7 +535,13 @@ impl Tmpfs {
     fn mount(mib: u64) -> Tmpfs {
         let dir = tempfile::tempdir().unwrap();
         let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={mib}m,mode=0755"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={mib}m,mode=0755"),
+                "tmpfs",
+            ])
             .arg(dir.path())
             .status()
             .unwrap()

@@ -107,11 +107,41 @@ fn cases() -> Vec<Case> {
         for (what, body) in json_bodies {
             out.push(case(what, method, p.clone(), "application/json", body));
         }
-        out.push(case("huge body", method, p.clone(), "application/zip", huge.clone()));
-        out.push(case("wrong content type", method, p.clone(), "text/plain", b"{}".to_vec()));
-        out.push(case("zip that is not one", method, p.clone(), "application/zip", b"PK\x03\x04garbage".to_vec()));
-        out.push(case("broken multipart", method, p.clone(), "multipart/form-data; boundary=x", b"--x\r\nContent-Disposition: form-data; name=\"code\"\r\n\r\nabc".to_vec()));
-        out.push(case("multipart without boundary", method, p.clone(), "multipart/form-data", b"abc".to_vec()));
+        out.push(case(
+            "huge body",
+            method,
+            p.clone(),
+            "application/zip",
+            huge.clone(),
+        ));
+        out.push(case(
+            "wrong content type",
+            method,
+            p.clone(),
+            "text/plain",
+            b"{}".to_vec(),
+        ));
+        out.push(case(
+            "zip that is not one",
+            method,
+            p.clone(),
+            "application/zip",
+            b"PK\x03\x04garbage".to_vec(),
+        ));
+        out.push(case(
+            "broken multipart",
+            method,
+            p.clone(),
+            "multipart/form-data; boundary=x",
+            b"--x\r\nContent-Disposition: form-data; name=\"code\"\r\n\r\nabc".to_vec(),
+        ));
+        out.push(case(
+            "multipart without boundary",
+            method,
+            p.clone(),
+            "multipart/form-data",
+            b"abc".to_vec(),
+        ));
         // Hostile path segments and query strings.
         for (what, seg) in [
             ("NUL in a name", "%00"),
@@ -125,27 +155,81 @@ fn cases() -> Vec<Case> {
                 .replace("{fn}", seg)
                 .replace("{tr}", seg)
                 .replace("{job}", seg)
-                .replace("{ns}", if path.contains("{fn}") || path.contains("{tr}") || path.contains("{job}") { "default" } else { seg });
-            out.push(case(what, method, hostile, "application/json", b"{}".to_vec()));
+                .replace(
+                    "{ns}",
+                    if path.contains("{fn}") || path.contains("{tr}") || path.contains("{job}") {
+                        "default"
+                    } else {
+                        seg
+                    },
+                );
+            out.push(case(
+                what,
+                method,
+                hostile,
+                "application/json",
+                b"{}".to_vec(),
+            ));
         }
         for (what, q) in [
-            ("negative query numbers", "?tail=-1&wait=-1&limit=-1&since=-1"),
-            ("huge query numbers", "?tail=99999999999999999999999&wait=18446744073709551615&limit=1001"),
-            ("bad query encoding", "?tail=%ff&function=%00&status=%zz&follow=maybe"),
-            ("repeated query", "?limit=1&limit=2&tail=1&tail=2&wait=1&wait=2"),
-            ("unicode query", "?function=%E2%80%AE&source=%F0%9F%98%80&since=2025-13-45T99:99:99Z"),
+            (
+                "negative query numbers",
+                "?tail=-1&wait=-1&limit=-1&since=-1",
+            ),
+            (
+                "huge query numbers",
+                "?tail=99999999999999999999999&wait=18446744073709551615&limit=1001",
+            ),
+            (
+                "bad query encoding",
+                "?tail=%ff&function=%00&status=%zz&follow=maybe",
+            ),
+            (
+                "repeated query",
+                "?limit=1&limit=2&tail=1&tail=2&wait=1&wait=2",
+            ),
+            (
+                "unicode query",
+                "?function=%E2%80%AE&source=%F0%9F%98%80&since=2025-13-45T99:99:99Z",
+            ),
         ] {
-            out.push(case(what, method, format!("{p}{q}"), "application/json", b"{}".to_vec()));
+            out.push(case(
+                what,
+                method,
+                format!("{p}{q}"),
+                "application/json",
+                b"{}".to_vec(),
+            ));
         }
         // Hostile headers.
-        let mut c = case("non-ASCII header values", method, p.clone(), "application/json", b"{}".to_vec());
-        c.headers.push(("X-Request-Id".into(), vec![0xff, 0xfe, b'a']));
-        c.headers.push(("X-Other".into(), "é😀".as_bytes().to_vec()));
+        let mut c = case(
+            "non-ASCII header values",
+            method,
+            p.clone(),
+            "application/json",
+            b"{}".to_vec(),
+        );
+        c.headers
+            .push(("X-Request-Id".into(), vec![0xff, 0xfe, b'a']));
+        c.headers
+            .push(("X-Other".into(), "é😀".as_bytes().to_vec()));
         out.push(c);
-        let mut c = case("a huge request id", method, p.clone(), "application/json", b"{}".to_vec());
+        let mut c = case(
+            "a huge request id",
+            method,
+            p.clone(),
+            "application/json",
+            b"{}".to_vec(),
+        );
         c.headers.push(("X-Request-Id".into(), vec![b'r'; 8000]));
         out.push(c);
-        let mut c = case("odd authorization", method, p.clone(), "application/json", b"{}".to_vec());
+        let mut c = case(
+            "odd authorization",
+            method,
+            p.clone(),
+            "application/json",
+            b"{}".to_vec(),
+        );
         c.headers.retain(|(n, _)| n != "Authorization");
         c.headers.push(("Authorization".into(), b"Bearer".to_vec()));
         out.push(c);
@@ -156,9 +240,18 @@ fn cases() -> Vec<Case> {
 /// Sends `c` on its own connection: `Authorization` (unless the case sets one),
 /// `Content-Length` and `Connection: close`. Returns the status and body, or what
 /// went wrong.
-async fn send_raw(port: u16, c: &Case, content_length: Option<usize>, extra: &[u8]) -> Result<(u16, String), String> {
+async fn send_raw(
+    port: u16,
+    c: &Case,
+    content_length: Option<usize>,
+    extra: &[u8],
+) -> Result<(u16, String), String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut req = format!("{} {} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n", c.method, c.path).into_bytes();
+    let mut req = format!(
+        "{} {} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n",
+        c.method, c.path
+    )
+    .into_bytes();
     if !c.headers.iter().any(|(n, _)| n == "Authorization") {
         req.extend(format!("Authorization: Bearer {TOKEN}\r\n").as_bytes());
     }
@@ -168,7 +261,13 @@ async fn send_raw(port: u16, c: &Case, content_length: Option<usize>, extra: &[u
         req.extend(value);
         req.extend(b"\r\n");
     }
-    req.extend(format!("Content-Length: {}\r\n\r\n", content_length.unwrap_or(c.body.len())).as_bytes());
+    req.extend(
+        format!(
+            "Content-Length: {}\r\n\r\n",
+            content_length.unwrap_or(c.body.len())
+        )
+        .as_bytes(),
+    );
     let work = async {
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -217,12 +316,22 @@ async fn set_up() -> Server {
     ])
     .await;
     server
-        .deploy("echo", json!({"runtime": "python3"}), &[("handler.py", ECHO)])
+        .deploy(
+            "echo",
+            json!({"runtime": "python3"}),
+            &[("handler.py", ECHO)],
+        )
         .await;
     let ns = "/v1/namespaces/default";
     let (s, b) = send(&server, reqwest::Method::POST, &format!("{ns}/triggers"), Some(json!({"name": "echo-route", "function": "echo", "type": "http", "path": "/echo", "methods": ["GET", "POST"]}))).await;
     assert_eq!(s, 201, "{b}");
-    let (s, b) = send(&server, reqwest::Method::POST, &format!("{ns}/jobs"), Some(json!({"name": "echo-job", "function": "echo", "event": {}}))).await;
+    let (s, b) = send(
+        &server,
+        reqwest::Method::POST,
+        &format!("{ns}/jobs"),
+        Some(json!({"name": "echo-job", "function": "echo", "event": {}})),
+    )
+    .await;
     assert_eq!(s, 201, "{b}");
     server
 }
@@ -237,15 +346,31 @@ async fn every_endpoint_answers_hostile_input_with_a_4xx_in_the_contract_shape()
     let failures: Vec<String> = futures::stream::iter(all)
         .map(|c| async move {
             let r = send_raw(port, &c, None, b"").await;
-            judge(&r).map(|why| format!("{} {} ({}): {why}", c.method, c.path.chars().take(80).collect::<String>(), c.what))
+            judge(&r).map(|why| {
+                format!(
+                    "{} {} ({}): {why}",
+                    c.method,
+                    c.path.chars().take(80).collect::<String>(),
+                    c.what
+                )
+            })
         })
         .buffer_unordered(8)
         .filter_map(|f| async move { f })
         .collect()
         .await;
-    assert!(failures.is_empty(), "{} of {n} hostile requests answered wrongly:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {n} hostile requests answered wrongly:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     still_healthy(&server).await;
-    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -258,14 +383,48 @@ async fn headers_that_lie_about_the_body_get_a_4xx_or_the_documented_success() {
     for (method, path) in body_routes {
         let p = fill(path, "");
         // Content-Length larger than the body: the body never completes (408).
-        work.push((format!("{method} {p}: Content-Length larger than the body"), case("long", method, p.clone(), "application/json", b"{}".to_vec()), Some(100usize), Vec::new()));
+        work.push((
+            format!("{method} {p}: Content-Length larger than the body"),
+            case(
+                "long",
+                method,
+                p.clone(),
+                "application/json",
+                b"{}".to_vec(),
+            ),
+            Some(100usize),
+            Vec::new(),
+        ));
         // Content-Length smaller than the body: the rest is a second (garbage) request
         // on a connection the client asked to close; the first answer counts.
-        work.push((format!("{method} {p}: Content-Length smaller than the body"), case("short", method, p.clone(), "application/json", b"{\"name\": \"x\"} trailing garbage".to_vec()), Some(2), Vec::new()));
+        work.push((
+            format!("{method} {p}: Content-Length smaller than the body"),
+            case(
+                "short",
+                method,
+                p.clone(),
+                "application/json",
+                b"{\"name\": \"x\"} trailing garbage".to_vec(),
+            ),
+            Some(2),
+            Vec::new(),
+        ));
         // Chunked bodies with a broken chunk, and Transfer-Encoding against Content-Length.
-        let mut c = case("bad chunk", method, p.clone(), "application/json", Vec::new());
-        c.headers.push(("Transfer-Encoding".into(), b"chunked".to_vec()));
-        work.push((format!("{method} {p}: a broken chunk"), c, None, b"zz\r\n{}\r\n0\r\n\r\n".to_vec()));
+        let mut c = case(
+            "bad chunk",
+            method,
+            p.clone(),
+            "application/json",
+            Vec::new(),
+        );
+        c.headers
+            .push(("Transfer-Encoding".into(), b"chunked".to_vec()));
+        work.push((
+            format!("{method} {p}: a broken chunk"),
+            c,
+            None,
+            b"zz\r\n{}\r\n0\r\n\r\n".to_vec(),
+        ));
     }
     let results = futures::stream::iter(work)
         .map(|(what, c, len, extra)| async move {
@@ -305,7 +464,9 @@ async fn send_chunked(port: u16, c: &Case) -> Result<(u16, String), String> {
     req.extend(b"\r\n");
     req.extend(&c.body);
     let work = async {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| e.to_string())?;
         s.write_all(&req).await.map_err(|e| e.to_string())?;
         let mut out = Vec::new();
         let _ = s.read_to_end(&mut out).await;
@@ -327,7 +488,13 @@ async fn still_healthy(server: &Server) {
         .await
         .expect("the server still answers");
     assert_eq!(r.status(), 200);
-    let (s, _) = send(server, reqwest::Method::GET, "/v1/namespaces/default/functions/echo", None).await;
+    let (s, _) = send(
+        server,
+        reqwest::Method::GET,
+        "/v1/namespaces/default/functions/echo",
+        None,
+    )
+    .await;
     assert_eq!(s, 200);
     let r = reqwest::Client::new()
         .post(format!("{}/fn/default/echo", server.url()))
