@@ -234,6 +234,32 @@ fn cases() -> Vec<Case> {
         c.headers.push(("Authorization".into(), b"Bearer".to_vec()));
         out.push(c);
     }
+    // Deletes only with hostile names: the objects the other cases use stay.
+    for path in [
+        "/v1/namespaces/{ns}",
+        "/v1/namespaces/default/functions/{ns}",
+        "/v1/namespaces/default/triggers/{ns}",
+        "/v1/namespaces/default/jobs/{ns}",
+        "/v1/namespaces/{ns}/functions/echo",
+    ] {
+        for seg in ["%00", "%ff%fe", "caf%C3%A9", "..%2F..", "%E2%80%AEx"] {
+            let p = path.replace("{ns}", seg);
+            out.push(case(
+                "hostile name",
+                "DELETE",
+                format!("{p}?force=%ff"),
+                "application/json",
+                Vec::new(),
+            ));
+            out.push(case(
+                "hostile name",
+                "DELETE",
+                p,
+                "application/json",
+                Vec::new(),
+            ));
+        }
+    }
     out
 }
 
@@ -503,5 +529,64 @@ async fn still_healthy(server: &Server) {
         .send()
         .await
         .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn requests_hyper_refuses_get_a_4xx_and_the_server_goes_on() {
+    // These never reach the router, so their (empty) bodies are hyper's; the
+    // status must still be a 4xx and the server must keep serving.
+    let server = Server::start_with(&["--prewarm", "0"]).await;
+    let port = server.port;
+    let many_headers: String = (0..150).map(|i| format!("X-{i}: 1\r\n")).collect();
+    let cases: Vec<(&str, Vec<u8>, &[u16])> = vec![
+        (
+            "a 70 KB URI",
+            format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000)).into_bytes(),
+            &[414],
+        ),
+        (
+            "150 headers",
+            format!("GET /healthz HTTP/1.1\r\nHost: x\r\n{many_headers}\r\n").into_bytes(),
+            &[431],
+        ),
+        (
+            "a 500 KB header",
+            format!("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n", "a".repeat(500_000)).into_bytes(),
+            &[431],
+        ),
+        ("a garbage request line", b"GARBAGE\r\n\r\n".to_vec(), &[400]),
+        (
+            "two Content-Lengths",
+            b"POST /v1/namespaces/default/functions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nabcdef".to_vec(),
+            &[400],
+        ),
+        (
+            "Content-Length and chunked",
+            format!("POST /v1/namespaces/default/functions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{{}}\r\n0\r\n\r\n").into_bytes(),
+            &[400],
+        ),
+        (
+            "a chunk size overflow",
+            b"POST /fn/default/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffffff\r\n".to_vec(),
+            &[400, 404],
+        ),
+    ];
+    for (what, bytes, want) in cases {
+        let (status, body) = crate::hostile_edge::raw(port, &bytes, Duration::from_secs(5)).await;
+        assert!(want.contains(&status), "{what}: {status} {body:?}");
+    }
+    still_healthy_without_functions(&server).await;
+}
+
+async fn still_healthy_without_functions(server: &Server) {
+    let r = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+        .get(format!("{}/healthz", server.url()))
+        .send()
+        .await
+        .expect("the server still answers");
     assert_eq!(r.status(), 200);
 }
