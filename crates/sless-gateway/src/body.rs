@@ -82,3 +82,53 @@ async fn drain(mut body: Body, idle: Duration) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    /// A body that sends `first` and then nothing, without ending.
+    fn stalled(first: &'static [u8]) -> Body {
+        let stream =
+            futures::stream::once(
+                async move { Ok::<_, std::io::Error>(Bytes::from_static(first)) },
+            )
+            .chain(futures::stream::pending());
+        Body::from_stream(stream)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_stops_arriving_times_out() {
+        let idle = Duration::from_secs(30);
+        let started = tokio::time::Instant::now();
+        let r = read_body(&HeaderMap::new(), stalled(b"{\"a\":"), 1024, idle).await;
+        assert!(matches!(r, Err(BodyError::TimedOut(30))), "{r:?}");
+        assert_eq!(started.elapsed(), idle);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_oversized_declared_body_is_not_drained_forever() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_LENGTH, "2048".parse().unwrap());
+        let r = read_body(&headers, stalled(b"x"), 1024, Duration::from_secs(5)).await;
+        assert!(matches!(r, Err(BodyError::TooLarge(1024))), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn bodies_in_many_frames_are_joined_and_limited() {
+        let frames = futures::stream::iter(
+            ["ab", "cd", "ef"].map(|s| Ok::<_, std::io::Error>(Bytes::from_static(s.as_bytes()))),
+        );
+        let idle = Duration::from_secs(5);
+        let body = read_body(&HeaderMap::new(), Body::from_stream(frames), 6, idle)
+            .await
+            .unwrap();
+        assert_eq!(&body[..], b"abcdef");
+        let frames = futures::stream::iter(
+            ["ab", "cd", "ef"].map(|s| Ok::<_, std::io::Error>(Bytes::from_static(s.as_bytes()))),
+        );
+        let r = read_body(&HeaderMap::new(), Body::from_stream(frames), 5, idle).await;
+        assert!(matches!(r, Err(BodyError::TooLarge(5))));
+    }
+}

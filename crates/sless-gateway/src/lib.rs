@@ -404,6 +404,25 @@ mod tests {
     }
 
     #[test]
+    fn bearer_schemes_are_case_insensitive() {
+        let token = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                axum::http::header::AUTHORIZATION,
+                HeaderValue::from_str(v).unwrap(),
+            );
+            bearer_token(&h).map(str::to_string)
+        };
+        for v in ["Bearer abc", "bearer abc", "BEARER  abc ", "bEaReR abc"] {
+            assert_eq!(token(v).as_deref(), Some("abc"), "{v}");
+        }
+        for v in ["Bearer", "Bearer ", "Basic abc", "Bearerabc", "Token abc"] {
+            assert_eq!(token(v), None, "{v}");
+        }
+        assert_eq!(bearer_token(&HeaderMap::new()), None);
+    }
+
+    #[test]
     fn request_ids_are_the_callers_or_fresh_hex() {
         let mut headers = HeaderMap::new();
         let a = request_id(&headers);
