@@ -1,10 +1,16 @@
 //! The accept loop: HTTP/1.1 connections with a header/idle timeout, a bound on
-//! open connections with a few slots held back so health checks and the API
-//! still get in, and accept errors (out of file descriptors) survived by backing
-//! off instead of spinning or exiting.
+//! open connections that makes room for a new one by closing the oldest idle
+//! connection (so idle clients cannot lock out health checks or the API), and
+//! accept errors (out of file descriptors) survived by backing off instead of
+//! spinning or exiting.
 
+use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -15,34 +21,28 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use sless_gateway::FastPath;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// How connections are bounded.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnLimits {
-    /// Connections served normally at once.
+    /// Connections open at once.
     pub max: usize,
-    /// Extra connections taken once `max` are open: each serves one request and
-    /// must send its headers within `reserve_header_timeout`.
-    pub reserve: usize,
     /// A connection idle between requests, or still sending a request's headers,
     /// this long is closed.
     pub header_timeout: Duration,
-    pub reserve_header_timeout: Duration,
 }
 
 impl ConnLimits {
     /// Limits for a process allowed `nofile` open files: half of them for
     /// connections (the rest is for the store, logs and instances' sockets and
-    /// pipes), of which 1/64 (at least 4) are held back.
+    /// pipes), at most 65,536.
     pub fn from_nofile(nofile: u64, max: Option<usize>, header_timeout: Duration) -> ConnLimits {
         let derived = (nofile / 2).clamp(16, 65_536) as usize;
-        let max = max.unwrap_or(derived).max(1);
         ConnLimits {
-            max,
-            reserve: (max / 64).max(4),
+            max: max.unwrap_or(derived).max(1),
             header_timeout,
-            reserve_header_timeout: header_timeout.min(Duration::from_secs(2)),
         }
     }
 }
@@ -66,19 +66,82 @@ pub fn raise_nofile_limit() -> u64 {
     }
 }
 
+/// One open connection, as the limit sees it.
+#[derive(Default)]
+struct ConnState {
+    /// Requests being handled now.
+    busy: AtomicUsize,
+    /// Closes the connection to make room for a new one.
+    evict: CancellationToken,
+}
+
+/// The open connections, oldest first (entries of closed ones are dropped lazily).
+struct Open {
+    max: usize,
+    count: Arc<AtomicUsize>,
+    queue: Mutex<VecDeque<Weak<ConnState>>>,
+}
+
+/// How many of the oldest connections are looked at for an idle one to close.
+const EVICT_SCAN: usize = 64;
+
+impl Open {
+    /// Admits a new connection: under the limit at once; at the limit by closing
+    /// the oldest connection that is not handling a request (idle between
+    /// requests, or still sending headers). `None` when all of the oldest are busy.
+    fn admit(&self) -> Option<(Arc<ConnState>, Slot)> {
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if self.count.load(Ordering::Acquire) >= self.max {
+            let mut evicted = false;
+            for _ in 0..EVICT_SCAN.min(queue.len()) {
+                let Some(weak) = queue.pop_front() else { break };
+                let Some(conn) = weak.upgrade() else { continue };
+                if conn.busy.load(Ordering::Acquire) == 0 && !conn.evict.is_cancelled() {
+                    conn.evict.cancel();
+                    evicted = true;
+                    break;
+                }
+                queue.push_back(weak);
+            }
+            if !evicted {
+                return None;
+            }
+        }
+        // Entries of closed connections are dropped once they outnumber the open ones.
+        if queue.len() > 2 * self.max.max(EVICT_SCAN) {
+            queue.retain(|w| w.strong_count() > 0);
+        }
+        let conn = Arc::new(ConnState::default());
+        queue.push_back(Arc::downgrade(&conn));
+        self.count.fetch_add(1, Ordering::AcqRel);
+        Some((conn, Slot(self.count.clone())))
+    }
+}
+
+/// Counts one open connection until dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// One connection's service: the app, plus the peer's address on requests that
 /// carry credentials (failed authentication is limited per address). Other
-/// requests, the invoke path's in particular, pay nothing for it.
+/// requests, the invoke path's in particular, pay nothing for it but two
+/// atomic counts that tell the limit the connection is busy.
 #[derive(Clone)]
 struct ConnService {
     app: FastPath,
     peer: SocketAddr,
+    state: Arc<ConnState>,
 }
 
 impl hyper::service::Service<Request<Incoming>> for ConnService {
     type Response = axum::response::Response;
     type Error = std::convert::Infallible;
-    type Future = <FastPath as tower::Service<Request<Body>>>::Future;
+    type Future = Busy<<FastPath as tower::Service<Request<Body>>>::Future>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let mut req = req.map(Body::new);
@@ -86,7 +149,31 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
             req.extensions_mut().insert(ConnectInfo(self.peer));
         }
         let mut app = self.app.clone();
-        tower::Service::call(&mut app, req)
+        self.state.busy.fetch_add(1, Ordering::AcqRel);
+        Busy {
+            inner: tower::Service::call(&mut app, req),
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// A request's future that marks its connection busy until it is done.
+struct Busy<F> {
+    inner: F,
+    state: Arc<ConnState>,
+}
+
+impl<F: Future + Unpin> Future for Busy<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        Pin::new(&mut self.inner).poll(cx)
+    }
+}
+
+impl<F> Drop for Busy<F> {
+    fn drop(&mut self) {
+        self.state.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -98,10 +185,17 @@ pub async fn serve(
     limits: ConnLimits,
     mut stop: watch::Receiver<bool>,
 ) {
-    let normal = Arc::new(Semaphore::new(limits.max));
-    let reserve = Arc::new(Semaphore::new(limits.reserve));
+    let open = Open {
+        max: limits.max,
+        count: Arc::default(),
+        queue: Mutex::default(),
+    };
     let graceful = GracefulShutdown::new();
     let mut warned = Warned::default();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -127,43 +221,32 @@ pub async fn serve(
                 continue;
             }
         };
-        let (permit, spare) = match normal.clone().try_acquire_owned() {
-            Ok(p) => (p, false),
-            Err(_) => match reserve.clone().try_acquire_owned() {
-                Ok(p) => (p, true),
-                Err(_) => {
-                    // Closing at once frees the descriptor and the backlog slot.
-                    warned.warn(|| {
-                        tracing::warn!(
-                            max = limits.max,
-                            "connection limit reached: closing new connections"
-                        )
-                    });
-                    drop(stream);
-                    continue;
-                }
-            },
+        let Some((state, slot)) = open.admit() else {
+            // Every connection looked at is handling a request: closing the new one
+            // at once frees its descriptor and the backlog.
+            warned.warn(|| {
+                tracing::warn!(
+                    max = limits.max,
+                    "connection limit reached with every connection busy: closing new connections"
+                )
+            });
+            drop(stream);
+            continue;
         };
         let _ = stream.set_nodelay(true);
-        let mut builder = hyper::server::conn::http1::Builder::new();
-        builder.timer(TokioTimer::new());
-        if spare {
-            builder
-                .keep_alive(false)
-                .header_read_timeout(limits.reserve_header_timeout);
-        } else {
-            builder.header_read_timeout(limits.header_timeout);
-        }
         let service = ConnService {
             app: app.clone(),
             peer,
+            state: state.clone(),
         };
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
+        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             // Errors here are the client's (a reset, a timeout, a malformed request).
-            let _ = conn.await;
-            drop(permit);
+            tokio::select! {
+                _ = conn => {}
+                _ = state.evict.cancelled() => {}
+            }
+            drop(slot);
         });
     }
     drop(listener);
@@ -193,14 +276,34 @@ mod tests {
     #[test]
     fn limits_follow_the_open_file_limit() {
         let t = Duration::from_secs(30);
-        let l = ConnLimits::from_nofile(1024, None, t);
-        assert_eq!((l.max, l.reserve), (512, 8));
-        let l = ConnLimits::from_nofile(1 << 20, None, t);
-        assert_eq!((l.max, l.reserve), (65_536, 1024));
-        let l = ConnLimits::from_nofile(10, None, t);
-        assert_eq!((l.max, l.reserve), (16, 4));
-        let l = ConnLimits::from_nofile(1024, Some(20), t);
-        assert_eq!((l.max, l.reserve), (20, 4));
-        assert_eq!(l.reserve_header_timeout, Duration::from_secs(2));
+        assert_eq!(ConnLimits::from_nofile(1024, None, t).max, 512);
+        assert_eq!(ConnLimits::from_nofile(1 << 20, None, t).max, 65_536);
+        assert_eq!(ConnLimits::from_nofile(10, None, t).max, 16);
+        assert_eq!(ConnLimits::from_nofile(1024, Some(20), t).max, 20);
+    }
+
+    #[test]
+    fn at_the_limit_the_oldest_idle_connection_makes_room() {
+        let open = Open {
+            max: 3,
+            count: Arc::default(),
+            queue: Mutex::default(),
+        };
+        let mut conns: Vec<_> = (0..3).map(|_| open.admit().unwrap()).collect();
+        conns[0].0.busy.fetch_add(1, Ordering::AcqRel);
+        // The oldest is busy: the second-oldest goes.
+        let fourth = open.admit().unwrap();
+        assert!(!conns[0].0.evict.is_cancelled());
+        assert!(conns[1].0.evict.is_cancelled());
+        assert!(!conns[2].0.evict.is_cancelled());
+        // The evicted connection's task ends and gives its slot back.
+        drop(conns.remove(1));
+        assert_eq!(open.count.load(Ordering::Acquire), 3);
+        conns.push(fourth);
+        // All busy: the new connection is refused.
+        for (c, _) in &conns {
+            c.busy.fetch_add(1, Ordering::AcqRel);
+        }
+        assert!(open.admit().is_none());
     }
 }

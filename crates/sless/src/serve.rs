@@ -106,9 +106,8 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub no_invocation_records: bool,
-    /// Connections served at once [default: half the open-file limit, at most 65536].
-    /// A few more are held back for health checks and the API: each of those serves
-    /// one request; past them new connections are closed at once.
+    /// Connections open at once [default: half the open-file limit, at most 65536].
+    /// At the limit a new connection takes the place of the oldest idle one.
     #[arg(long, env = "SLESS_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
     /// A connection idle between requests, or still sending a request's headers,

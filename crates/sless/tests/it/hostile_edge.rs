@@ -241,6 +241,36 @@ async fn idle_connections_past_the_fd_limit_do_not_lock_out_health_checks() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+
+    // While new idle connections keep coming, every health check still gets in.
+    let port = server.port;
+    let flood = tokio::spawn(async move {
+        let mut held = std::collections::VecDeque::new();
+        loop {
+            if let Ok(s) = TcpStream::connect(("127.0.0.1", port)).await {
+                held.push_back(s);
+                if held.len() > 600 {
+                    held.pop_front();
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    });
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    for i in 0..20 {
+        let r = fresh
+            .get(format!("{}/healthz", server.url()))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("health check {i} during the flood: {e}"));
+        assert_eq!(r.status(), 200);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    flood.abort();
     drop(idle);
     server.stop().await;
 }
