@@ -275,6 +275,62 @@ async fn idle_connections_past_the_fd_limit_do_not_lock_out_health_checks() {
     server.stop().await;
 }
 
+/// CPU time (user + system, in clock ticks) a process has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+#[tokio::test]
+async fn out_of_descriptors_the_server_backs_off_and_recovers() {
+    // A connection limit above what the open-file limit allows: accept itself fails
+    // with EMFILE. The server must neither exit nor spin, and must serve again once
+    // the idle connections time out.
+    let server = Proc::start(Spawn {
+        nofile: Some("128:128"),
+        args: &["--max-connections", "10000", "--header-timeout-sec", "2"],
+        ..Spawn::default()
+    })
+    .await;
+    let before = cpu_ticks(server.pid());
+    let started = Instant::now();
+    let mut idle = Vec::new();
+    for _ in 0..300 {
+        if let Ok(Ok(s)) = tokio::time::timeout(
+            Duration::from_secs(2),
+            TcpStream::connect(("127.0.0.1", server.port)),
+        )
+        .await
+        {
+            idle.push(s);
+        }
+    }
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = http.get(format!("{}/healthz", server.url())).send().await;
+        if matches!(&r, Ok(r) if r.status() == 200) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never recovered: {r:?}");
+    }
+    let ticks = cpu_ticks(server.pid()) - before;
+    let secs = started.elapsed().as_secs_f64();
+    // 100 ticks a second is one core busy; backing off uses a small fraction of that.
+    assert!(
+        (ticks as f64) < 50.0 * secs,
+        "{ticks} ticks of CPU in {secs:.1} s: the accept loop spins"
+    );
+    drop(idle);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn idle_slow_and_stalled_connections_are_closed_after_the_timeouts() {
     let server = Proc::start(Spawn {
