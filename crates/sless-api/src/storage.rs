@@ -16,8 +16,9 @@ use crate::{ApiError, AppState};
 pub struct Storage {
     data_dir: PathBuf,
     db_path: PathBuf,
-    /// Device and inode of the database file when the server opened it.
-    db_id: Option<(u64, u64)>,
+    /// The database file as the server opened it. Holding it open keeps its inode
+    /// from being reused, so a file created later under the same name is told apart.
+    db_file: Option<std::fs::File>,
     min_free: u64,
 }
 
@@ -37,24 +38,25 @@ pub enum StorageProblem {
 }
 
 impl Storage {
-    /// Remembers which file `db_path` is now; `min_free` bytes must stay free in `data_dir`.
+    /// Opens `db_path` to remember which file it is now; `min_free` bytes must stay free in `data_dir`.
     pub fn new(data_dir: PathBuf, db_path: PathBuf, min_free: u64) -> Storage {
-        let db_id = std::fs::metadata(&db_path).ok().map(|m| (m.dev(), m.ino()));
+        let db_file = std::fs::File::open(&db_path).ok();
         Storage {
             data_dir,
             db_path,
-            db_id,
+            db_file,
             min_free,
         }
     }
 
-    /// The first problem found, if any (a `stat` and a `statvfs`: cheap enough per write).
+    /// The first problem found, if any (two `stat`s and a `statvfs`: cheap enough per write).
     pub fn problem(&self) -> Option<StorageProblem> {
-        if let Some(id) = self.db_id {
-            let now = std::fs::metadata(&self.db_path)
-                .ok()
-                .map(|m| (m.dev(), m.ino()));
-            if now != Some(id) {
+        if let Some(file) = &self.db_file {
+            let same = match (file.metadata(), std::fs::metadata(&self.db_path)) {
+                (Ok(a), Ok(b)) => a.nlink() > 0 && (a.dev(), a.ino()) == (b.dev(), b.ino()),
+                _ => false,
+            };
+            if !same {
                 return Some(StorageProblem::StoreGone);
             }
         }
@@ -84,15 +86,56 @@ impl From<StorageProblem> for ApiError {
     }
 }
 
+/// `/v1/namespaces/{ns}/functions/{name}/invoke` (and not, say, a function named `invoke`).
+fn is_invoke(path: &str) -> bool {
+    let segments: Vec<&str> = path.split('/').collect();
+    matches!(
+        segments.as_slice(),
+        ["", "v1", "namespaces", _, "functions", _, "invoke"]
+    )
+}
+
 /// Refuses API writes (other than deletes, which free space, and invokes, which
 /// store nothing the caller waits for) while the data directory is unhealthy:
 /// a write that cannot last must not answer `201`.
 pub async fn guard_writes(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let writes = matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH)
-        && !req.uri().path().ends_with("/invoke");
+        && !is_invoke(req.uri().path());
     if writes && let Some(problem) = s.storage.problem() {
         tracing::warn!(%problem, "refusing a write");
         return ApiError::from(problem).into_response();
     }
     next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_invoke_endpoint_is_exempt() {
+        assert!(is_invoke("/v1/namespaces/a/functions/f/invoke"));
+        assert!(!is_invoke("/v1/namespaces/a/functions/invoke"));
+        assert!(!is_invoke("/v1/namespaces/a/jobs/invoke"));
+        assert!(!is_invoke("/v1/namespaces/a/functions/f/code"));
+    }
+
+    #[test]
+    fn a_replaced_database_file_is_noticed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("sless.db");
+        std::fs::write(&db, "a").unwrap();
+        let storage = Storage::new(dir.path().to_path_buf(), db.clone(), 0);
+        assert_eq!(storage.problem(), None);
+        std::fs::remove_file(&db).unwrap();
+        assert_eq!(storage.problem(), Some(StorageProblem::StoreGone));
+        std::fs::write(&db, "b").unwrap();
+        assert_eq!(
+            storage.problem(),
+            Some(StorageProblem::StoreGone),
+            "a new file is not the store"
+        );
+        let huge = Storage::new(dir.path().to_path_buf(), db, u64::MAX);
+        assert!(matches!(huge.problem(), Some(StorageProblem::Full { .. })));
+    }
 }
