@@ -2,10 +2,12 @@
 //! hashes (they are 256-bit random secrets, so a plain hash is enough).
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use axum::extract::FromRequestParts;
+use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 use sha2::{Digest, Sha256};
 use sless_store::Store;
@@ -53,14 +55,21 @@ pub struct Tokens {
     admin_hash: String,
     store: Arc<dyn Store>,
     cache: RwLock<HashMap<String, Option<String>>>,
+    /// Failed authentications per client address (API and private functions alike).
+    limiter: AuthLimiter,
 }
 
 impl Tokens {
     pub fn new(admin_token: &str, store: Arc<dyn Store>) -> Self {
+        Self::with_limiter(admin_token, store, AuthLimiter::default())
+    }
+
+    pub fn with_limiter(admin_token: &str, store: Arc<dyn Store>, limiter: AuthLimiter) -> Self {
         Self {
             admin_hash: hash_token(admin_token),
             store,
             cache: RwLock::new(HashMap::new()),
+            limiter,
         }
     }
 
@@ -96,10 +105,140 @@ impl Tokens {
     }
 }
 
+/// Counts failed authentications per client address: past `max_failures` within
+/// `window` of the first one, the address's requests with credentials are answered
+/// `429` (with `Retry-After`) without looking at the token, until the window ends.
+/// Requests without credentials, and all requests from other addresses, are not
+/// affected; successes are not counted. The table is bounded: once full (after
+/// dropping expired entries), new addresses share one extra entry.
+pub struct AuthLimiter {
+    max_failures: u32,
+    window: Duration,
+    capacity: usize,
+    table: Mutex<HashMap<IpAddr, Failures>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Failures {
+    since: Instant,
+    count: u32,
+}
+
+impl Default for AuthLimiter {
+    /// 20 failures a minute, 10,000 addresses.
+    fn default() -> Self {
+        AuthLimiter::new(20, Duration::from_secs(60), 10_000)
+    }
+}
+
+impl AuthLimiter {
+    pub fn new(max_failures: u32, window: Duration, capacity: usize) -> Self {
+        AuthLimiter {
+            max_failures,
+            window,
+            capacity: capacity.max(1),
+            table: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// An address's key: IPv6 clients are counted per /64, the block one host
+    /// usually has (so it cannot rotate through addresses).
+    fn key(ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => {
+                    let s = v6.segments();
+                    IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+                }
+            },
+            v4 => v4,
+        }
+    }
+
+    /// `Err(seconds to wait)` while `ip` is over the limit.
+    pub fn check(&self, ip: IpAddr) -> Result<(), u64> {
+        self.check_at(ip, Instant::now())
+    }
+
+    /// Counts a failure of `ip`.
+    pub fn failed(&self, ip: IpAddr) {
+        self.failed_at(ip, Instant::now());
+    }
+
+    fn check_at(&self, ip: IpAddr, now: Instant) -> Result<(), u64> {
+        let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let key = Self::key(ip);
+        let entry = table.get(&key).or_else(|| {
+            table
+                .get(&IpAddr::V6(Ipv6Addr::UNSPECIFIED))
+                .filter(|_| table.len() >= self.capacity)
+        });
+        match entry {
+            Some(f) if f.count >= self.max_failures && now < f.since + self.window => {
+                let left = (f.since + self.window).saturating_duration_since(now);
+                Err(left.as_secs() + u64::from(left.subsec_nanos() > 0))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn failed_at(&self, ip: IpAddr, now: Instant) {
+        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let mut key = Self::key(ip);
+        if !table.contains_key(&key) && table.len() >= self.capacity {
+            table.retain(|_, f| now < f.since + self.window);
+            if table.len() >= self.capacity {
+                key = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
+            }
+        }
+        let f = table.entry(key).or_insert(Failures {
+            since: now,
+            count: 0,
+        });
+        if now >= f.since + self.window {
+            *f = Failures {
+                since: now,
+                count: 0,
+            };
+        }
+        f.count = f.count.saturating_add(1);
+    }
+
+    fn too_many(retry_after: u64) -> ApiError {
+        ApiError::TooManyRequests {
+            message: format!(
+                "too many failed authentications from this address: retry in {retry_after} s"
+            ),
+            retry_after,
+        }
+    }
+}
+
 #[async_trait]
 impl sless_gateway::Authorizer for Tokens {
-    async fn may_invoke(&self, token: &str, namespace: &str) -> bool {
-        matches!(self.resolve(token).await, Ok(Some(c)) if c.may_access(namespace))
+    async fn may_invoke(
+        &self,
+        token: &str,
+        namespace: &str,
+        peer: Option<IpAddr>,
+    ) -> sless_gateway::Access {
+        if let Some(ip) = peer
+            && let Err(retry_after) = self.limiter.check(ip)
+        {
+            return sless_gateway::Access::Limited(retry_after);
+        }
+        match self.resolve(token).await {
+            Ok(Some(c)) if c.may_access(namespace) => sless_gateway::Access::Allowed,
+            Ok(Some(_)) => sless_gateway::Access::Denied,
+            Ok(None) => {
+                if let Some(ip) = peer {
+                    self.limiter.failed(ip);
+                }
+                sless_gateway::Access::Denied
+            }
+            Err(_) => sless_gateway::Access::Denied,
+        }
     }
 }
 
@@ -110,25 +249,83 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let header = parts
+        if !parts
             .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .ok_or_else(|| {
-                ApiError::Unauthorized("missing Authorization: Bearer <token> header".into())
-            })?;
-        let token = header
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| {
-                ApiError::Unauthorized("the Authorization header must be 'Bearer <token>'".into())
-            })?;
-        state
-            .tokens
-            .resolve(token)
-            .await?
-            .ok_or_else(|| ApiError::Unauthorized("unknown token".into()))
+            .contains_key(axum::http::header::AUTHORIZATION)
+        {
+            return Err(ApiError::Unauthorized(
+                "missing Authorization: Bearer <token> header".into(),
+            ));
+        }
+        let token = sless_gateway::bearer_token(&parts.headers).ok_or_else(|| {
+            ApiError::Unauthorized("the Authorization header must be 'Bearer <token>'".into())
+        })?;
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip());
+        let limiter = &state.tokens.limiter;
+        if let Some(ip) = peer {
+            limiter.check(ip).map_err(AuthLimiter::too_many)?;
+        }
+        match state.tokens.resolve(token).await? {
+            Some(caller) => Ok(caller),
+            None => {
+                if let Some(ip) = peer {
+                    limiter.failed(ip);
+                }
+                Err(ApiError::Unauthorized("unknown token".into()))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_past_the_limit_block_the_address_until_the_window_ends() {
+        let l = AuthLimiter::new(3, Duration::from_secs(60), 100);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            assert_eq!(l.check_at(a, t0), Ok(()));
+            l.failed_at(a, t0);
+        }
+        assert_eq!(l.check_at(a, t0 + Duration::from_millis(500)), Err(60));
+        assert_eq!(
+            l.check_at(b, t0),
+            Ok(()),
+            "other addresses are not affected"
+        );
+        assert_eq!(l.check_at(a, t0 + Duration::from_secs(59)), Err(1));
+        assert_eq!(l.check_at(a, t0 + Duration::from_secs(60)), Ok(()));
+        l.failed_at(a, t0 + Duration::from_secs(61));
+        assert_eq!(
+            l.check_at(a, t0 + Duration::from_secs(61)),
+            Ok(()),
+            "a new window"
+        );
+    }
+
+    #[test]
+    fn ipv6_hosts_are_counted_per_64_and_the_table_is_bounded() {
+        let l = AuthLimiter::new(2, Duration::from_secs(60), 3);
+        let t0 = Instant::now();
+        l.failed_at("2001:db8::1".parse().unwrap(), t0);
+        l.failed_at("2001:db8::2".parse().unwrap(), t0);
+        assert!(l.check_at("2001:db8::3".parse().unwrap(), t0).is_err());
+        for i in 0..50u8 {
+            l.failed_at(IpAddr::from([192, 0, 2, i]), t0);
+        }
+        let table = l.table.lock().unwrap();
+        assert!(table.len() <= 4, "{}", table.len());
+        drop(table);
+        assert!(
+            l.check_at(IpAddr::from([192, 0, 2, 99]), t0).is_err(),
+            "past the bound, new addresses share one entry"
+        );
     }
 }

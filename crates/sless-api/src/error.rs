@@ -29,6 +29,15 @@ pub enum ApiError {
     /// A dependency (store, object store) is unavailable.
     #[error("{0}")]
     Unavailable(String),
+    /// The request's body stopped arriving.
+    #[error("{0}")]
+    Timeout(String),
+    /// The disk is full: nothing can be stored.
+    #[error("{0}")]
+    InsufficientStorage(String),
+    /// Too many failed attempts from this address; retry after that many seconds.
+    #[error("{message}")]
+    TooManyRequests { message: String, retry_after: u64 },
     /// Anything else: logged in full, answered as a bare 500.
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
@@ -54,7 +63,36 @@ impl From<StoreError> for ApiError {
                 "namespace {ns:?} still has functions: delete them first or use ?force=true"
             )),
             StoreError::Invalid(v) => ApiError::BadRequest(v.to_string()),
+            e if e.is_storage_full() => {
+                tracing::error!(error = %e, "the metadata store's disk is full");
+                ApiError::InsufficientStorage(
+                    "the disk holding the metadata store is full: nothing was stored".into(),
+                )
+            }
+            e if e.is_store_gone() => {
+                tracing::error!(error = %e, "the metadata store's file is gone");
+                ApiError::Unavailable(
+                    "the metadata store was removed while the server runs: nothing was stored"
+                        .into(),
+                )
+            }
             other => ApiError::Internal(other.into()),
+        }
+    }
+}
+
+impl From<sless_blob::BlobError> for ApiError {
+    fn from(e: sless_blob::BlobError) -> Self {
+        match &e {
+            sless_blob::BlobError::Io { source, .. }
+                if source.kind() == std::io::ErrorKind::StorageFull =>
+            {
+                tracing::error!(error = %e, "the code store's disk is full");
+                ApiError::InsufficientStorage(
+                    "the disk holding the code store is full: the archive was not stored".into(),
+                )
+            }
+            _ => ApiError::Internal(e.into()),
         }
     }
 }
@@ -77,6 +115,20 @@ impl IntoResponse for ApiError {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::Timeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
+            ApiError::InsufficientStorage(_) => {
+                (StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage")
+            }
+            ApiError::TooManyRequests { retry_after, .. } => {
+                let mut r = sless_gateway::error_response(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too_many_requests",
+                    &self.to_string(),
+                );
+                r.headers_mut()
+                    .insert(axum::http::header::RETRY_AFTER, (*retry_after).into());
+                return r;
+            }
             ApiError::Internal(e) => {
                 tracing::error!(error = ?e, "internal error");
                 return sless_gateway::error_response(

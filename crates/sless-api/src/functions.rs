@@ -212,8 +212,11 @@ pub async fn upload_code(
         .to_ascii_lowercase();
     let limit = s.archive_limits.max_compressed as usize;
     let archive = if content_type.starts_with("multipart/form-data") {
-        // Allow the multipart framing around a maximum-size archive.
-        let req = req.map(|b| Body::new(http_body_util::Limited::new(b, limit + 64 * 1024)));
+        // Allow the multipart framing around a maximum-size archive. The body is read
+        // first so that a stalled upload times out like any other body.
+        let (parts, body) = req.into_parts();
+        let bytes = crate::read_parts(&parts, body, limit + 64 * 1024, s.body_timeout).await?;
+        let req = Request::from_parts(parts, Body::from(bytes));
         let mut multipart = axum::extract::Multipart::from_request(req, &())
             .await
             .map_err(|e| ApiError::bad(format!("not a valid multipart body: {e}")))?;
@@ -249,7 +252,7 @@ pub async fn upload_code(
     } else if content_type.starts_with("application/zip")
         || content_type.starts_with("application/x-zip-compressed")
     {
-        read_limited(req, limit).await?
+        read_limited(req, limit, s.body_timeout).await?
     } else {
         return Err(ApiError::UnsupportedMediaType(format!(
             "expected Content-Type: application/zip (or multipart/form-data with field 'code'), got {:?}",
@@ -294,10 +297,7 @@ pub(crate) async fn store_archive(s: &AppState, archive: Bytes) -> Result<String
             other => ApiError::bad(format!("code: {other}")),
         });
     }
-    s.blobs
-        .put(archive)
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))
+    Ok(s.blobs.put(archive).await?)
 }
 
 pub async fn source(
@@ -389,7 +389,7 @@ pub async fn invoke(
     caller.check(&ns)?;
     // Only functions: a job's private pool has a name that is not a DNS label.
     sless_core::validate_name("name", &name).map_err(|_| ApiError::not_found("function", &name))?;
-    let body = read_limited(req, s.max_invoke_body).await?;
+    let body = read_limited(req, s.max_invoke_body, s.body_timeout).await?;
     let event = if body.iter().all(u8::is_ascii_whitespace) {
         Bytes::from_static(b"null")
     } else {

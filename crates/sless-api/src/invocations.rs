@@ -86,13 +86,13 @@ fn parse_filter(params: &[(String, String)]) -> Result<InvocationFilter, ApiErro
                 let limit = value
                     .parse::<u64>()
                     .ok()
-                    .filter(|n| *n >= 1)
+                    .filter(|n| (1..=u64::from(MAX_INVOCATION_LIMIT)).contains(n))
                     .ok_or_else(|| {
                         ApiError::bad(format!(
                             "limit: must be a whole number from 1 to {MAX_INVOCATION_LIMIT}, got {value:?}"
                         ))
                     })?;
-                filter.limit = Some(limit.min(u64::from(MAX_INVOCATION_LIMIT)) as u32);
+                filter.limit = Some(limit as u32);
             }
             other => return Err(unknown(other)),
         }
@@ -164,7 +164,11 @@ mod tests {
             ("limit", ""),
         ];
         assert_eq!(parse(&empty).unwrap(), InvocationFilter::default());
-        assert_eq!(parse(&[("limit", "50000")]).unwrap().limit, Some(1000));
+        assert_eq!(parse(&[("limit", "1000")]).unwrap().limit, Some(1000));
+        assert!(
+            parse(&[("limit", "1001")]).is_err(),
+            "over the maximum is refused, not clamped"
+        );
         assert_eq!(
             parse(&[("status", "200"), ("status", "404")])
                 .unwrap()

@@ -211,7 +211,12 @@ pub async fn upload_code(
             "expected Content-Type: application/zip, got {content_type:?}"
         )));
     }
-    let archive = read_limited(req, s.archive_limits.max_compressed as usize).await?;
+    let archive = read_limited(
+        req,
+        s.archive_limits.max_compressed as usize,
+        s.body_timeout,
+    )
+    .await?;
     let sha = crate::functions::store_archive(&s, archive).await?;
     s.job_store.set_job_code(&ns, &name, &sha).await?;
     if job.spec.run_id != 0

@@ -8,6 +8,7 @@ mod functions;
 mod invocations;
 mod jobs;
 mod namespaces;
+mod storage;
 mod triggers;
 
 use std::sync::Arc;
@@ -28,8 +29,9 @@ use sless_logs::LogStore;
 use sless_records::Recorder;
 use sless_store::{InvocationStore, JobStore, Store, TriggerStore};
 
-pub use auth::{Caller, Tokens, hash_token, new_token};
+pub use auth::{AuthLimiter, Caller, Tokens, hash_token, new_token};
 pub use error::ApiError;
+pub use storage::{Storage, StorageProblem};
 
 /// Everything the handlers share.
 #[derive(Clone)]
@@ -41,6 +43,10 @@ pub struct AppState {
     pub logs: Arc<LogStore>,
     pub tokens: Arc<Tokens>,
     pub archive_limits: ArchiveLimits,
+    /// A request body that sends nothing for this long is refused with `408`.
+    pub body_timeout: std::time::Duration,
+    /// The data directory's health: the store's file and free space.
+    pub storage: Arc<storage::Storage>,
     /// Largest event accepted by `/invoke`.
     pub max_invoke_body: usize,
     /// Where invocation records are listed from.
@@ -110,7 +116,55 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/namespaces/{ns}/jobs/{name}/code", put(j::upload_code))
         .fallback(fallback)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            storage::guard_writes,
+        ))
+        .layer(axum::middleware::from_fn(contract_errors))
         .with_state(state)
+}
+
+/// Gives every error the API answers the contract's shape `{"error": {"code",
+/// "message"}}`: axum's own rejections (a query string or path that does not
+/// decode, a method the route does not take) come as plain text or empty.
+async fn contract_errors(req: Request, next: axum::middleware::Next) -> Response {
+    let response = next.run(req).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = match axum::body::to_bytes(body, 64 * 1024).await {
+        Ok(b) if !b.is_empty() => String::from_utf8_lossy(&b).into_owned(),
+        _ => status.canonical_reason().unwrap_or("error").to_string(),
+    };
+    // Extractors answer 422 for well-formed but unacceptable input; the contract says 400.
+    let status = if status == StatusCode::UNPROCESSABLE_ENTITY {
+        StatusCode::BAD_REQUEST
+    } else {
+        status
+    };
+    let code = match status {
+        StatusCode::BAD_REQUEST => "invalid",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        s if s.is_server_error() => "internal",
+        _ => "error",
+    };
+    let mut out = sless_gateway::error_response(status, code, &text);
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
 }
 
 async fn fallback() -> ApiError {
@@ -134,7 +188,8 @@ async fn readyz(State(s): State<AppState>) -> Response {
         .await
         .err()
         .map(|e| format!("code store: {e}"));
-    let problems: Vec<String> = store.into_iter().chain(blobs).collect();
+    let disk = s.storage.problem().map(|p| p.to_string());
+    let problems: Vec<String> = store.into_iter().chain(blobs).chain(disk).collect();
     if problems.is_empty() {
         axum::Json(serde_json::json!({"status": "ready"})).into_response()
     } else {
@@ -151,10 +206,10 @@ async fn readyz(State(s): State<AppState>) -> Response {
 /// syntax (`400`, naming what is wrong).
 pub struct JsonBody(pub Value);
 
-impl<S: Send + Sync> FromRequest<S> for JsonBody {
+impl FromRequest<AppState> for JsonBody {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
         let content_type = req
             .headers()
             .get(header::CONTENT_TYPE)
@@ -177,7 +232,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
                 }
             )));
         }
-        let bytes = read_limited(req, MAX_JSON).await?;
+        let bytes = read_limited(req, MAX_JSON, state.body_timeout).await?;
         let value = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::bad(format!("body is not valid JSON: {e}")))?;
         Ok(JsonBody(value))
@@ -219,13 +274,28 @@ where
     serde_path_to_error::deserialize(doc).map_err(|e| ApiError::bad(functions::spec_error(e)))
 }
 
-/// Reads a whole body, refusing it with `413` past `limit` bytes.
-pub(crate) async fn read_limited(req: Request, limit: usize) -> Result<Bytes, ApiError> {
+/// Reads a whole body, refusing it with `413` past `limit` bytes and with `408`
+/// when it stops arriving for `idle`.
+pub(crate) async fn read_limited(
+    req: Request,
+    limit: usize,
+    idle: std::time::Duration,
+) -> Result<Bytes, ApiError> {
     let (parts, body) = req.into_parts();
-    sless_gateway::read_body(&parts.headers, body, limit)
+    read_parts(&parts, body, limit, idle).await
+}
+
+pub(crate) async fn read_parts(
+    parts: &axum::http::request::Parts,
+    body: axum::body::Body,
+    limit: usize,
+    idle: std::time::Duration,
+) -> Result<Bytes, ApiError> {
+    sless_gateway::read_body(&parts.headers, body, limit, idle)
         .await
         .map_err(|e| match e {
             sless_gateway::BodyError::TooLarge(_) => ApiError::TooLarge(e.to_string()),
+            sless_gateway::BodyError::TimedOut(_) => ApiError::Timeout(e.to_string()),
             sless_gateway::BodyError::Unreadable => ApiError::bad(e.to_string()),
         })
 }

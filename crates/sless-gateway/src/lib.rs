@@ -27,10 +27,38 @@ pub use body::{BodyError, read_body};
 pub use response::{error_response, invoke_error_response, result_response};
 pub use routes::{HttpRoute, HttpRoutes};
 
+/// Whether a caller may invoke a private function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Allowed,
+    /// Unknown token, or one of another namespace.
+    Denied,
+    /// Too many failed attempts from the caller's address: retry after that many seconds.
+    Limited(u64),
+}
+
 /// Decides whether a bearer token may call a private function of a namespace.
 #[async_trait]
 pub trait Authorizer: Send + Sync + 'static {
-    async fn may_invoke(&self, token: &str, namespace: &str) -> bool;
+    /// `peer` is the client's address, for limiting failed attempts.
+    async fn may_invoke(
+        &self,
+        token: &str,
+        namespace: &str,
+        peer: Option<std::net::IpAddr>,
+    ) -> Access;
+}
+
+/// The token of an `Authorization: Bearer <token>` header; the scheme is
+/// case-insensitive (RFC 7235).
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 /// What the gateway needs.
@@ -40,6 +68,8 @@ pub struct Gateway {
     pub authorizer: Arc<dyn Authorizer>,
     /// Largest request body accepted, in bytes (default 6 MiB).
     pub max_body: usize,
+    /// A request body that sends nothing for this long is refused with `408`.
+    pub body_timeout: std::time::Duration,
     /// HTTP triggers' routes under `/t/`.
     pub routes: Arc<HttpRoutes>,
     /// Where invocation records go; `None` when recording is off.
@@ -124,32 +154,56 @@ pub fn router(gateway: Gateway) -> Router {
         .with_state(gateway)
 }
 
+type PathResult<T> = Result<Path<T>, axum::extract::rejection::PathRejection>;
+
+/// A path that cannot be decoded (`%ff` is not UTF-8) names nothing: `400` in the
+/// platform's error shape.
+fn bad_path(e: axum::extract::rejection::PathRejection) -> Response {
+    error_response(StatusCode::BAD_REQUEST, "invalid", &e.body_text())
+}
+
 async fn invoke_root(
     State(gw): State<Gateway>,
-    Path((ns, name)): Path<(String, String)>,
+    path: PathResult<(String, String)>,
     req: Request,
 ) -> Response {
-    handle(gw, ns, name, "/".to_string(), req).await
+    match path {
+        Ok(Path((ns, name))) => handle(gw, ns, name, "/".to_string(), req).await,
+        Err(e) => bad_path(e),
+    }
 }
 
 async fn invoke_path(
     State(gw): State<Gateway>,
-    Path((ns, name, path)): Path<(String, String, String)>,
+    path: PathResult<(String, String, String)>,
     req: Request,
 ) -> Response {
-    handle(gw, ns, name, format!("/{path}"), req).await
+    match path {
+        Ok(Path((ns, name, path))) => handle(gw, ns, name, format!("/{path}"), req).await,
+        Err(e) => bad_path(e),
+    }
 }
 
-async fn trigger_root(State(gw): State<Gateway>, Path(ns): Path<String>, req: Request) -> Response {
-    trigger(gw, ns, "/".to_string(), req).await
+async fn trigger_root(
+    State(gw): State<Gateway>,
+    path: PathResult<String>,
+    req: Request,
+) -> Response {
+    match path {
+        Ok(Path(ns)) => trigger(gw, ns, "/".to_string(), req).await,
+        Err(e) => bad_path(e),
+    }
 }
 
 async fn trigger_path(
     State(gw): State<Gateway>,
-    Path((ns, path)): Path<(String, String)>,
+    path: PathResult<(String, String)>,
     req: Request,
 ) -> Response {
-    trigger(gw, ns, format!("/{path}"), req).await
+    match path {
+        Ok(Path((ns, path))) => trigger(gw, ns, format!("/{path}"), req).await,
+        Err(e) => bad_path(e),
+    }
 }
 
 /// `/t/{ns}/{path}`: the HTTP trigger owning the path sends the request to its
@@ -182,7 +236,7 @@ async fn trigger(gw: Gateway, ns: String, path: String, req: Request) -> Respons
         }
     };
     let request_id = request_id(req.headers());
-    let mut response = serve(&gw, &ns, &route.function, path, req, &request_id, false).await;
+    let mut response = serve(&gw, &ns, &route.function, path, req, &request_id).await;
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         response.headers_mut().insert("x-request-id", v);
     }
@@ -206,7 +260,7 @@ pub fn request_id(headers: &HeaderMap) -> String {
 
 async fn handle(gw: Gateway, ns: String, name: String, path: String, req: Request) -> Response {
     let request_id = request_id(req.headers());
-    let mut response = serve(&gw, &ns, &name, path, req, &request_id, true).await;
+    let mut response = serve(&gw, &ns, &name, path, req, &request_id).await;
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         response.headers_mut().insert("x-request-id", v);
     }
@@ -220,7 +274,6 @@ async fn serve(
     path: String,
     req: Request,
     request_id: &str,
-    check_private: bool,
 ) -> Response {
     let not_found = || {
         error_response(
@@ -236,35 +289,53 @@ async fn serve(
     }
     match gw.executor.is_private(ns, name) {
         None => return not_found(),
-        Some(true) if check_private => {
-            let token = req
-                .headers()
-                .get(axum::http::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
-            match token {
-                None => {
-                    return error_response(
-                        StatusCode::UNAUTHORIZED,
-                        "unauthorized",
-                        "this function is private: send a bearer token of its namespace",
-                    );
-                }
+        Some(true) => {
+            let Some(token) = bearer_token(req.headers()) else {
+                return error_response(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "this function is private: send a bearer token of its namespace",
+                );
+            };
+            let peer = req
+                .extensions()
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| c.0.ip());
+            match gw.authorizer.may_invoke(token, ns, peer).await {
+                Access::Allowed => {}
                 // A token of another namespace must not learn that the function exists.
-                Some(token) if !gw.authorizer.may_invoke(token, ns).await => return not_found(),
-                Some(_) => {}
+                Access::Denied => return not_found(),
+                Access::Limited(retry_after) => {
+                    let mut r = error_response(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "too_many_requests",
+                        &format!(
+                            "too many failed authentications from this address: retry in {retry_after} s"
+                        ),
+                    );
+                    r.headers_mut()
+                        .insert(axum::http::header::RETRY_AFTER, retry_after.into());
+                    return r;
+                }
             }
         }
-        Some(_) => {}
+        Some(false) => {}
     }
 
     let (parts, body) = req.into_parts();
-    let body = match read_body(&parts.headers, body, gw.max_body).await {
+    let body = match read_body(&parts.headers, body, gw.max_body, gw.body_timeout).await {
         Ok(body) => body,
         Err(e @ BodyError::TooLarge(_)) => {
             return error_response(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",
+                &e.to_string(),
+            );
+        }
+        Err(e @ BodyError::TimedOut(_)) => {
+            return error_response(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
                 &e.to_string(),
             );
         }
@@ -330,6 +401,25 @@ mod tests {
         ] {
             assert_eq!(t(other), None, "{other}");
         }
+    }
+
+    #[test]
+    fn bearer_schemes_are_case_insensitive() {
+        let token = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                axum::http::header::AUTHORIZATION,
+                HeaderValue::from_str(v).unwrap(),
+            );
+            bearer_token(&h).map(str::to_string)
+        };
+        for v in ["Bearer abc", "bearer abc", "BEARER  abc ", "bEaReR abc"] {
+            assert_eq!(token(v).as_deref(), Some("abc"), "{v}");
+        }
+        for v in ["Bearer", "Bearer ", "Basic abc", "Bearerabc", "Token abc"] {
+            assert_eq!(token(v), None, "{v}");
+        }
+        assert_eq!(bearer_token(&HeaderMap::new()), None);
     }
 
     #[test]

@@ -45,6 +45,28 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
 }
 
+impl StoreError {
+    /// The disk under the database is full (`SQLITE_FULL`, `ENOSPC`).
+    pub fn is_storage_full(&self) -> bool {
+        self.sqlite_code().is_some_and(|c| c & 0xff == 13)
+            || matches!(self, StoreError::Database(sqlx::Error::Io(e)) if e.kind() == std::io::ErrorKind::StorageFull)
+    }
+
+    /// The database file was deleted or replaced under the running server
+    /// (`SQLITE_READONLY_DBMOVED`), or cannot be opened any more (`SQLITE_CANTOPEN`).
+    pub fn is_store_gone(&self) -> bool {
+        self.sqlite_code()
+            .is_some_and(|c| c == 1032 || c & 0xff == 14)
+    }
+
+    fn sqlite_code(&self) -> Option<i64> {
+        let StoreError::Database(e) = self else {
+            return None;
+        };
+        e.as_database_error()?.code()?.parse().ok()
+    }
+}
+
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// A namespace.

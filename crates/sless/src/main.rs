@@ -1,6 +1,7 @@
 //! The `sless` binary: `sless serve` runs the platform; every other subcommand is a client
 //! of its REST API.
 
+mod accept;
 mod cli;
 mod serve;
 

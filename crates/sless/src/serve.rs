@@ -106,6 +106,21 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub no_invocation_records: bool,
+    /// Connections open at once [default: half the open-file limit, at most 65536].
+    /// At the limit a new connection takes the place of the oldest idle one.
+    #[arg(long, env = "SLESS_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// A connection idle between requests, or still sending a request's headers,
+    /// for this many seconds is closed.
+    #[arg(long, env = "SLESS_HEADER_TIMEOUT_SEC", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout_sec: u64,
+    /// A request body that sends nothing for this many seconds is refused with 408.
+    #[arg(long, env = "SLESS_BODY_TIMEOUT_SEC", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_timeout_sec: u64,
+    /// Free space the data directory must keep, in MiB: below it `/readyz` answers
+    /// 503 and API writes 507.
+    #[arg(long, env = "SLESS_MIN_FREE_MB", default_value_t = 64)]
+    pub min_free_mb: u64,
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {
@@ -271,6 +286,12 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         logs,
         tokens: tokens.clone(),
         archive_limits: limits,
+        body_timeout: Duration::from_secs(args.body_timeout_sec),
+        storage: Arc::new(sless_api::Storage::new(
+            data_dir.clone(),
+            data_dir.join("sless.db"),
+            args.min_free_mb * MIB,
+        )),
         max_invoke_body: (args.max_body_mb * MIB) as usize,
         invocations,
         recorder: recorder.clone(),
@@ -285,12 +306,19 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         executor: executor.clone(),
         authorizer: tokens,
         max_body: (args.max_body_mb * MIB) as usize,
+        body_timeout: Duration::from_secs(args.body_timeout_sec),
         recorder: recorder.clone(),
         routes,
     };
     let app =
         sless_gateway::with_fast_path(gateway.clone(), sless_gateway::router(gateway).merge(api));
 
+    let nofile = crate::accept::raise_nofile_limit();
+    let limits = crate::accept::ConnLimits::from_nofile(
+        nofile,
+        args.max_connections,
+        Duration::from_secs(args.header_timeout_sec),
+    );
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -309,15 +337,11 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         data_dir.display()
     );
 
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let app = axum::ServiceExt::<axum::extract::Request>::into_make_service(app);
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        let _ = stop_rx.wait_for(|stop| *stop).await;
-    });
-    let mut server = tokio::spawn(server.into_future());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut server = tokio::spawn(crate::accept::serve(listener, app, limits, stop_rx));
     tokio::select! {
         result = &mut server => {
-            result.context("server task failed")?.context("server failed")?;
+            result.context("server task failed")?;
             return Ok(());
         }
         signal = shutdown_signal() => signal?,
@@ -387,13 +411,25 @@ fn create_private_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `SLESS_ADMIN_TOKEN`, or the token stored in `<data>/admin-token` (created with
+/// Shortest admin token accepted from the environment: a short one is guessable.
+const MIN_ADMIN_TOKEN_CHARS: usize = 16;
+
+/// `SLESS_ADMIN_TOKEN` (at least 16 characters), or the token stored in `<data>/admin-token` (created with
 /// mode 0600 on first start).
 fn admin_token(data_dir: &Path) -> Result<String> {
     if let Ok(token) = std::env::var("SLESS_ADMIN_TOKEN")
         && !token.trim().is_empty()
     {
-        return Ok(token.trim().to_string());
+        let token = token.trim();
+        let chars = token.chars().count();
+        if chars < MIN_ADMIN_TOKEN_CHARS {
+            bail!(
+                "SLESS_ADMIN_TOKEN is too short ({chars} characters): use at least \
+                 {MIN_ADMIN_TOKEN_CHARS}, e.g. a random one from `openssl rand -hex 32`, or unset it \
+                 to have one generated"
+            );
+        }
+        return Ok(token.to_string());
     }
     let path = data_dir.join("admin-token");
     match std::fs::read_to_string(&path) {

@@ -11,6 +11,8 @@
 mod api;
 mod cli;
 mod harness;
+mod hostile_edge;
+mod hostile_input;
 mod hostile_sandbox;
 mod invoke;
 mod jobs;

@@ -1,0 +1,309 @@
+//! The accept loop: HTTP/1.1 connections with a header/idle timeout, a bound on
+//! open connections that makes room for a new one by closing the oldest idle
+//! connection (so idle clients cannot lock out health checks or the API), and
+//! accept errors (out of file descriptors) survived by backing off instead of
+//! spinning or exiting.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::{Request, header};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use sless_gateway::FastPath;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// How connections are bounded.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// Connections open at once.
+    pub max: usize,
+    /// A connection idle between requests, or still sending a request's headers,
+    /// this long is closed.
+    pub header_timeout: Duration,
+}
+
+impl ConnLimits {
+    /// Limits for a process allowed `nofile` open files: half of them for
+    /// connections (the rest is for the store, logs and instances' sockets and
+    /// pipes), at most 65,536.
+    pub fn from_nofile(nofile: u64, max: Option<usize>, header_timeout: Duration) -> ConnLimits {
+        let derived = (nofile / 2).clamp(16, 65_536) as usize;
+        ConnLimits {
+            max: max.unwrap_or(derived).max(1),
+            header_timeout,
+        }
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit, so the server is bounded
+/// by what the administrator allows rather than the (often 1024) default.
+/// Returns the soft limit in force afterwards.
+pub fn raise_nofile_limit() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) => {
+            if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+                return hard;
+            }
+            soft
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the open-file limit; assuming 1024");
+            1024
+        }
+    }
+}
+
+/// One open connection, as the limit sees it.
+#[derive(Default)]
+struct ConnState {
+    /// Requests being handled now.
+    busy: AtomicUsize,
+    /// Closes the connection to make room for a new one.
+    evict: CancellationToken,
+}
+
+/// The open connections, oldest first (entries of closed ones are dropped lazily).
+struct Open {
+    max: usize,
+    count: Arc<AtomicUsize>,
+    queue: Mutex<VecDeque<Weak<ConnState>>>,
+}
+
+/// How many of the oldest connections are looked at for an idle one to close.
+const EVICT_SCAN: usize = 64;
+
+impl Open {
+    /// Admits a new connection: under the limit at once; at the limit by closing
+    /// the oldest connection that is not handling a request (idle between
+    /// requests, or still sending headers). `None` when all of the oldest are busy.
+    fn admit(&self) -> Option<(Arc<ConnState>, Slot)> {
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if self.count.load(Ordering::Acquire) >= self.max {
+            let mut evicted = false;
+            for _ in 0..EVICT_SCAN.min(queue.len()) {
+                let Some(weak) = queue.pop_front() else { break };
+                let Some(conn) = weak.upgrade() else { continue };
+                if conn.busy.load(Ordering::Acquire) == 0 && !conn.evict.is_cancelled() {
+                    conn.evict.cancel();
+                    evicted = true;
+                    break;
+                }
+                queue.push_back(weak);
+            }
+            if !evicted {
+                return None;
+            }
+        }
+        // Entries of closed connections are dropped once they outnumber the open ones.
+        if queue.len() > 2 * self.max.max(EVICT_SCAN) {
+            queue.retain(|w| w.strong_count() > 0);
+        }
+        let conn = Arc::new(ConnState::default());
+        queue.push_back(Arc::downgrade(&conn));
+        self.count.fetch_add(1, Ordering::AcqRel);
+        Some((conn, Slot(self.count.clone())))
+    }
+}
+
+/// Counts one open connection until dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One connection's service: the app, plus the peer's address on requests that
+/// carry credentials (failed authentication is limited per address). Other
+/// requests, the invoke path's in particular, pay nothing for it but two
+/// atomic counts that tell the limit the connection is busy.
+#[derive(Clone)]
+struct ConnService {
+    app: FastPath,
+    peer: SocketAddr,
+    state: Arc<ConnState>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for ConnService {
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = Busy<<FastPath as tower::Service<Request<Body>>>::Future>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let mut req = req.map(Body::new);
+        if req.headers().contains_key(header::AUTHORIZATION) {
+            req.extensions_mut().insert(ConnectInfo(self.peer));
+        }
+        let mut app = self.app.clone();
+        self.state.busy.fetch_add(1, Ordering::AcqRel);
+        Busy {
+            inner: tower::Service::call(&mut app, req),
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// A request's future that marks its connection busy until it is done.
+struct Busy<F> {
+    inner: F,
+    state: Arc<ConnState>,
+}
+
+impl<F: Future + Unpin> Future for Busy<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        Pin::new(&mut self.inner).poll(cx)
+    }
+}
+
+impl<F> Drop for Busy<F> {
+    fn drop(&mut self) {
+        self.state.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Serves `listener` until `stop` turns true, then waits for open connections to
+/// finish their requests (the caller bounds that wait).
+pub async fn serve(
+    listener: TcpListener,
+    app: FastPath,
+    limits: ConnLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let open = Open {
+        max: limits.max,
+        count: Arc::default(),
+        queue: Mutex::default(),
+    };
+    let graceful = GracefulShutdown::new();
+    let mut warned = Warned::default();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                // Out of file descriptors (or kernel memory): the pending connection
+                // stays in the backlog; retrying at once would spin. Anything else
+                // concerns that one connection only.
+                use nix::errno::Errno;
+                let pressure = matches!(
+                    e.raw_os_error().map(Errno::from_raw),
+                    Some(Errno::EMFILE | Errno::ENFILE | Errno::ENOBUFS | Errno::ENOMEM)
+                );
+                if pressure {
+                    warned.warn(
+                        || tracing::warn!(error = %e, "cannot accept connections: backing off"),
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                continue;
+            }
+        };
+        let Some((state, slot)) = open.admit() else {
+            // Every connection looked at is handling a request: closing the new one
+            // at once frees its descriptor and the backlog.
+            warned.warn(|| {
+                tracing::warn!(
+                    max = limits.max,
+                    "connection limit reached with every connection busy: closing new connections"
+                )
+            });
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let service = ConnService {
+            app: app.clone(),
+            peer,
+            state: state.clone(),
+        };
+        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            // Errors here are the client's (a reset, a timeout, a malformed request).
+            tokio::select! {
+                _ = conn => {}
+                _ = state.evict.cancelled() => {}
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// Logs a recurring warning at most every 10 s.
+#[derive(Default)]
+struct Warned(Option<Instant>);
+
+impl Warned {
+    fn warn(&mut self, log: impl FnOnce()) {
+        if self
+            .0
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(10))
+        {
+            self.0 = Some(Instant::now());
+            log();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_follow_the_open_file_limit() {
+        let t = Duration::from_secs(30);
+        assert_eq!(ConnLimits::from_nofile(1024, None, t).max, 512);
+        assert_eq!(ConnLimits::from_nofile(1 << 20, None, t).max, 65_536);
+        assert_eq!(ConnLimits::from_nofile(10, None, t).max, 16);
+        assert_eq!(ConnLimits::from_nofile(1024, Some(20), t).max, 20);
+    }
+
+    #[test]
+    fn at_the_limit_the_oldest_idle_connection_makes_room() {
+        let open = Open {
+            max: 3,
+            count: Arc::default(),
+            queue: Mutex::default(),
+        };
+        let mut conns: Vec<_> = (0..3).map(|_| open.admit().unwrap()).collect();
+        conns[0].0.busy.fetch_add(1, Ordering::AcqRel);
+        // The oldest is busy: the second-oldest goes.
+        let fourth = open.admit().unwrap();
+        assert!(!conns[0].0.evict.is_cancelled());
+        assert!(conns[1].0.evict.is_cancelled());
+        assert!(!conns[2].0.evict.is_cancelled());
+        // The evicted connection's task ends and gives its slot back.
+        drop(conns.remove(1));
+        assert_eq!(open.count.load(Ordering::Acquire), 3);
+        conns.push(fourth);
+        // All busy: the new connection is refused.
+        for (c, _) in &conns {
+            c.busy.fetch_add(1, Ordering::AcqRel);
+        }
+        assert!(open.admit().is_none());
+    }
+}
