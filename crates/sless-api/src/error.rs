@@ -26,6 +26,9 @@ pub enum ApiError {
     /// The body's content type is not one this endpoint takes.
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// Over a namespace quota; the message names which.
+    #[error("{0}")]
+    QuotaExceeded(String),
     /// A dependency (store, object store) is unavailable.
     #[error("{0}")]
     Unavailable(String),
@@ -76,6 +79,7 @@ impl IntoResponse for ApiError {
             ApiError::UnsupportedMediaType(_) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
+            ApiError::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Internal(e) => {
                 tracing::error!(error = ?e, "internal error");

@@ -212,7 +212,9 @@ pub async fn upload_code(
         )));
     }
     let archive = read_limited(req, s.archive_limits.max_compressed as usize).await?;
-    let sha = crate::functions::store_archive(&s, archive).await?;
+    let (sha, _) =
+        crate::functions::store_archive(&s, archive, &ns, sless_store::CodeOwner::Job(&name))
+            .await?;
     s.job_store.set_job_code(&ns, &name, &sha).await?;
     if job.spec.run_id != 0
         && !(job.status.run_id == job.spec.run_id && job.status.phase.is_terminal())

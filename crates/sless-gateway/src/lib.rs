@@ -8,6 +8,7 @@
 
 mod body;
 mod event;
+mod failed;
 mod response;
 mod routes;
 
@@ -24,6 +25,7 @@ use sless_executor::{Executor, InvokeError, InvokeRequest};
 use sless_records::{Invocation, InvocationSource, Recorder};
 
 pub use body::{BodyError, read_body};
+pub use failed::{FailedFunctions, Failure};
 pub use response::{error_response, invoke_error_response, result_response};
 pub use routes::{HttpRoute, HttpRoutes};
 
@@ -44,6 +46,8 @@ pub struct Gateway {
     pub routes: Arc<HttpRoutes>,
     /// Where invocation records go; `None` when recording is off.
     pub recorder: Option<Arc<Recorder>>,
+    /// Functions whose latest revision failed and that have nothing to serve.
+    pub failed: Arc<FailedFunctions>,
 }
 
 /// `app` with `/fn/{ns}/{name}[/path]` answered before routing: the invoke path is the
@@ -189,6 +193,18 @@ async fn trigger(gw: Gateway, ns: String, path: String, req: Request) -> Respons
     response
 }
 
+/// Whether the request carries a bearer token that may call `ns`'s private functions.
+async fn may_invoke_private(gw: &Gateway, ns: &str, headers: &HeaderMap) -> bool {
+    let token = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match token {
+        Some(token) => gw.authorizer.may_invoke(token, ns).await,
+        None => false,
+    }
+}
+
 /// The request id the caller sent, or a fresh one.
 pub fn request_id(headers: &HeaderMap) -> String {
     headers
@@ -234,7 +250,27 @@ async fn serve(
     if sless_core::validate_name("name", name).is_err() {
         return not_found();
     }
-    match gw.executor.is_private(ns, name) {
+    let private = match gw.executor.is_private(ns, name) {
+        Some(private) => Some(private),
+        // Nothing to serve: a function that failed says so, with the reason.
+        None => match gw.failed.get(ns, name) {
+            Some(failure) => {
+                if failure.private
+                    && check_private
+                    && !may_invoke_private(gw, ns, req.headers()).await
+                {
+                    return not_found();
+                }
+                return error_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    &format!("function {ns}/{name} failed: {}", failure.message),
+                );
+            }
+            None => None,
+        },
+    };
+    match private {
         None => return not_found(),
         Some(true) if check_private => {
             let token = req

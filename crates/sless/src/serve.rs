@@ -14,6 +14,7 @@ use sless_api::{AppState, Tokens};
 use sless_blob::{ArchiveLimits, BlobStore, LocalBlobStore};
 use sless_build::{BuildConfig, Builder};
 use sless_controller::Controller;
+use sless_controller::gc::{Collector, StorageConfig};
 use sless_controller::jobs::{Jobs, OnJobInvoke};
 use sless_controller::triggers::{InvokeOutcome, OnInvoke, Triggers};
 use sless_executor::{Executor, ExecutorConfig};
@@ -106,6 +107,19 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub no_invocation_records: bool,
+    /// The most code storage one namespace may use, in MiB: each stored archive its
+    /// functions and jobs name, compressed plus unpacked. 0 turns the quota off.
+    #[arg(long, env = "SLESS_NAMESPACE_STORAGE_MB", default_value_t = 2048)]
+    pub namespace_storage_mb: u64,
+    /// Seconds between collections of unused code archives, builds and dependencies
+    /// (a collection also runs at start and shortly after deletes and uploads).
+    #[arg(long, env = "SLESS_GC_INTERVAL_SEC", default_value_t = 900)]
+    pub gc_interval_sec: u64,
+    /// Code storage written or used less than this many seconds ago is never
+    /// collected (covers uploads and builds in progress; keep it above
+    /// --build-timeout-sec).
+    #[arg(long, env = "SLESS_GC_GRACE_SEC", default_value_t = 900)]
+    pub gc_grace_sec: u64,
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {
@@ -134,6 +148,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let invocations: Arc<dyn InvocationStore> = sqlite.clone();
     let trigger_store: Arc<dyn TriggerStore> = sqlite.clone();
     let job_store: Arc<dyn JobStore> = sqlite.clone();
+    let storage_store: Arc<dyn sless_store::StorageStore> = sqlite.clone();
     let store: Arc<dyn Store> = sqlite;
     store.ensure_namespace("default").await?;
     let blobs: Arc<dyn BlobStore> = Arc::new(
@@ -256,6 +271,20 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             recorder.record(record(ns, function, InvocationSource::Job, request_id, o));
         }
     });
+    let collector = Collector::new(
+        StorageConfig {
+            interval: Duration::from_secs(args.gc_interval_sec.max(1)),
+            grace: Duration::from_secs(args.gc_grace_sec),
+            namespace_quota: args.namespace_storage_mb.saturating_mul(MIB),
+        },
+        store.clone(),
+        storage_store,
+        job_store.clone(),
+        blobs.clone(),
+        builder.clone(),
+        executor.clone(),
+        controller.clone(),
+    );
     let jobs = Jobs::new(
         job_store.clone(),
         blobs.clone(),
@@ -269,6 +298,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         store: store.clone(),
         blobs,
         controller: controller.clone(),
+        storage: collector.clone(),
         executor: executor.clone(),
         logs,
         tokens: tokens.clone(),
@@ -289,6 +319,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         max_body: (args.max_body_mb * MIB) as usize,
         recorder: recorder.clone(),
         routes,
+        failed: controller.failed_functions(),
     };
     let app =
         sless_gateway::with_fast_path(gateway.clone(), sless_gateway::router(gateway).merge(api));
@@ -306,6 +337,11 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     if resumed > 0 {
         tracing::info!(jobs = resumed, "resumed unfinished jobs");
     }
+    // Storage left unused while the server was down goes now, then periodically.
+    if let Err(e) = collector.collect().await {
+        tracing::warn!(error = %e, "storage collection at start failed");
+    }
+    let collecting = collector.spawn(shutdown.clone());
     eprintln!(
         "sless serving on {public_url} (data in {}, {functions} functions)",
         data_dir.display()
@@ -337,6 +373,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     }
     // The last invocations' records are written before the process goes.
     retention.abort();
+    collecting.abort();
     if let Some(recorder) = &recorder
         && tokio::time::timeout(Duration::from_secs(5), recorder.flush())
             .await
