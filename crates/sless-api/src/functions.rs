@@ -11,10 +11,10 @@ use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use sless_blob::{BlobError, Stored};
 use sless_core::{FunctionSpec, FunctionStatus, Phase};
 use sless_executor::{InvokeError, InvokeRequest};
 use sless_records::{Invocation, InvocationSource};
-use sless_blob::{BlobError, Stored};
 use sless_store::{CodeOwner, FunctionChange, FunctionRecord};
 
 use crate::{ApiError, AppState, Caller, JsonBody, read_limited};

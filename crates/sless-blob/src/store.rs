@@ -293,7 +293,10 @@ impl BlobStore for LocalBlobStore {
                 }
             }
             tracing::error!(sha256 = %sha, %actual, "stored blob is corrupt; removed it");
-            Err(BlobError::Corrupt { sha256: sha, actual })
+            Err(BlobError::Corrupt {
+                sha256: sha,
+                actual,
+            })
         })
         .await
     }
@@ -577,12 +580,18 @@ mod tests {
             store.put(Bytes::from_static(b"aaaa")).await.unwrap().1,
             Stored::Existing
         );
-        assert_eq!(store.remove_if_unused_since(&a, cutoff).await.unwrap(), None);
+        assert_eq!(
+            store.remove_if_unused_since(&a, cutoff).await.unwrap(),
+            None
+        );
         assert_eq!(
             store.remove_if_unused_since(&b, cutoff).await.unwrap(),
             Some(6)
         );
-        assert_eq!(store.remove_if_unused_since(&b, cutoff).await.unwrap(), None);
+        assert_eq!(
+            store.remove_if_unused_since(&b, cutoff).await.unwrap(),
+            None
+        );
         assert!(store.get(&a).await.is_ok());
         assert!(matches!(store.get(&b).await, Err(BlobError::NotFound(_))));
     }

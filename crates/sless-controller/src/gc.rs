@@ -281,8 +281,6 @@ impl Collector {
         compressed: u64,
         unpacked: u64,
     ) -> Result<(), StoreError> {
-        self.storage
-            .record_blob(sha256, compressed, unpacked)
-            .await
+        self.storage.record_blob(sha256, compressed, unpacked).await
     }
 }

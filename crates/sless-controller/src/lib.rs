@@ -19,10 +19,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
+use sless_blob::BlobError;
 use sless_blob::BlobStore;
 use sless_build::{BuildError, BuildRequest, Builder};
 use sless_core::{FunctionStatus, Phase, Runtime};
-use sless_blob::BlobError;
 use sless_executor::{Deployment, Executor};
 use sless_gateway::{FailedFunctions, Failure};
 use sless_logs::LogStore;
@@ -278,12 +278,7 @@ impl Controller {
             return Ok(());
         }
         if settled && record.status.phase == Phase::Failed && !retry {
-            self.note_failure(
-                &key.0,
-                &key.1,
-                record.spec.private,
-                &record.status.message,
-            );
+            self.note_failure(&key.0, &key.1, record.spec.private, &record.status.message);
             return Ok(());
         }
         let Some(sha) = record.code_sha256.clone() else {

@@ -11,6 +11,7 @@
 mod api;
 mod cli;
 mod harness;
+mod hostile_storage;
 mod invoke;
 mod jobs;
 mod lifecycle;
