@@ -196,6 +196,9 @@ pub struct Builder {
     owner: (u32, u32),
     /// Makes sandbox ids unique (they name cgroups).
     step_counter: AtomicU64,
+    /// Deps keys that builds in progress use (with how many), which a
+    /// collection must not take even though no finished build names them yet.
+    building_with: Mutex<HashMap<String, usize>>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -242,6 +245,7 @@ impl Builder {
             sandbox,
             locks: Mutex::new(HashMap::new()),
             step_counter: AtomicU64::new(0),
+            building_with: Mutex::new(HashMap::new()),
         })
     }
 
@@ -387,6 +391,9 @@ impl Builder {
             RuntimeFamily::Nodejs => self.node_deps(key, code.path(), log, deadline).await?,
             RuntimeFamily::Go | RuntimeFamily::Custom => None,
         };
+        // Held until this build is published or abandoned; with the renewal
+        // done under the lock just before, no collection can take the deps.
+        let _using = deps_key.as_deref().map(|k| self.use_deps(k));
         let deps_dir = deps_key.as_deref().map(|k| self.deps_dir(k));
 
         if req.family == RuntimeFamily::Nodejs && deps_dir.is_some() {
@@ -782,6 +789,7 @@ impl Builder {
                 named.insert(deps);
             }
         }
+        named.extend(self.deps_in_use());
         for key in self.entries(&self.cfg.deps_dir).await? {
             if named.contains(&key) {
                 continue;
@@ -795,6 +803,29 @@ impl Builder {
             }
         }
         Ok(done)
+    }
+
+    /// Marks `deps_key` as used by a build in progress until the guard drops.
+    fn use_deps(&self, deps_key: &str) -> DepsInUse<'_> {
+        *self
+            .building_with
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(deps_key.to_string())
+            .or_default() += 1;
+        DepsInUse {
+            builder: self,
+            key: deps_key.to_string(),
+        }
+    }
+
+    fn deps_in_use(&self) -> HashSet<String> {
+        self.building_with
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
     }
 
     /// The names in `dir` that can be keys: directories not starting with `.`
@@ -856,6 +887,28 @@ impl Builder {
         .map_err(|e| BuildError::Internal(format!("removal task: {e}")))?
         .map(Some)
         .map_err(io_err(format!("removing {}", dir.display())))
+    }
+}
+
+/// A build in progress's use of installed dependencies (see [`Builder::use_deps`]).
+struct DepsInUse<'a> {
+    builder: &'a Builder,
+    key: String,
+}
+
+impl Drop for DepsInUse<'_> {
+    fn drop(&mut self) {
+        let mut using = self
+            .builder
+            .building_with
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = using.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                using.remove(&self.key);
+            }
+        }
     }
 }
 

@@ -693,3 +693,22 @@ async fn collect_removes_unkept_stale_builds_and_the_deps_only_they_named() {
     assert_eq!(done.builds, 1, "only `kept` goes: {done:?}");
     assert!(out.code_dir.is_dir());
 }
+
+#[tokio::test]
+async fn collect_keeps_dependencies_a_build_in_progress_uses() {
+    let env = TestEnv::new(Duration::from_secs(60));
+    let dir = env.data().join("deps").join("d-busy");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(INSTALLED_MARKER), b"x").unwrap();
+    age(&dir, 3600);
+    let cutoff = SystemTime::now() - Duration::from_secs(60);
+    {
+        let _using = env.builder.use_deps("d-busy");
+        let done = env.builder.collect(&HashSet::new(), cutoff).await.unwrap();
+        assert_eq!(done.deps, 0);
+        assert!(dir.is_dir());
+    }
+    let done = env.builder.collect(&HashSet::new(), cutoff).await.unwrap();
+    assert_eq!(done.deps, 1);
+    assert!(!dir.exists());
+}

@@ -35,8 +35,10 @@ const DEBOUNCE: Duration = Duration::from_secs(1);
 pub struct StorageConfig {
     /// Time between collections (besides the ones nudged by deletes and uploads).
     pub interval: Duration,
-    /// Anything written or used more recently than this is kept. Longer than a
-    /// build may take, so a build's fresh outputs are never taken.
+    /// Anything written or used more recently than this is kept, and so are
+    /// the builds of functions deleted more recently. It covers the moments
+    /// between storing and recording; builds in progress protect what they use
+    /// themselves, however long they take.
     pub grace: Duration,
     /// The most bytes a namespace's code may take: each archive its functions
     /// and jobs name, compressed plus unpacked. `0`: no limit.

@@ -116,9 +116,9 @@ pub struct ServeArgs {
     #[arg(long, env = "SLESS_GC_INTERVAL_SEC", default_value_t = 900)]
     pub gc_interval_sec: u64,
     /// Code storage written or used less than this many seconds ago is never
-    /// collected (covers uploads and builds in progress; keep it above
-    /// --build-timeout-sec).
-    #[arg(long, env = "SLESS_GC_GRACE_SEC", default_value_t = 900)]
+    /// collected, nor are builds of functions deleted less than this long ago
+    /// (their last requests may still be running).
+    #[arg(long, env = "SLESS_GC_GRACE_SEC", default_value_t = 60)]
     pub gc_grace_sec: u64,
 }
 

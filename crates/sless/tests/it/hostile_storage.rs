@@ -80,7 +80,9 @@ async fn create(server: &Server, ns: &str, name: &str) {
 }
 
 fn blob_path(data: &Path, sha: &str) -> PathBuf {
-    data.join("blobs").join(&sha[..2]).join(format!("{sha}.zip"))
+    data.join("blobs")
+        .join(&sha[..2])
+        .join(format!("{sha}.zip"))
 }
 
 /// Names of the entries of `dir` that are not hidden (`.empty`, `.tmp-*`).
@@ -159,7 +161,10 @@ async fn a_corrupt_archive_is_reported_and_the_same_upload_repairs_it() {
     let body: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(body["error"]["code"], "unavailable", "{body}");
     let text = body["error"]["message"].as_str().unwrap();
-    assert!(text.contains("failed") && text.contains("corrupt"), "{text}");
+    assert!(
+        text.contains("failed") && text.contains("corrupt"),
+        "{text}"
+    );
     // So does an HTTP trigger's route to it.
     let (status, body) = send(
         &server,
@@ -216,7 +221,10 @@ async fn a_corrupt_archive_is_reported_and_the_same_upload_repairs_it() {
     assert_eq!((status, up["revision"].as_u64()), (202, Some(revision)));
     let f = function(&server, "default", "victim").await;
     assert_eq!(
-        (f["status"]["phase"].clone(), f["status"]["last_built_at"].clone()),
+        (
+            f["status"]["phase"].clone(),
+            f["status"]["last_built_at"].clone()
+        ),
         (json!("Ready"), built)
     );
 }
