@@ -137,19 +137,33 @@ impl Collector {
         self.nudged.notify_one();
     }
 
-    /// Collects every `interval` and shortly after each nudge, until `shutdown`.
+    /// Collects every `interval`, shortly after each nudge, and once more when
+    /// what a nudge found too fresh to take has aged past the grace period,
+    /// until `shutdown`.
     pub fn spawn(self: &Arc<Self>, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         tokio::spawn(async move {
+            let mut next_tick = tokio::time::Instant::now() + this.cfg.interval;
+            let mut follow_up: Option<tokio::time::Instant> = None;
             loop {
+                let wake = follow_up.map_or(next_tick, |f| f.min(next_tick));
                 tokio::select! {
                     () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(this.cfg.interval) => {}
+                    () = tokio::time::sleep_until(wake) => {
+                        let now = tokio::time::Instant::now();
+                        if now >= next_tick {
+                            next_tick = now + this.cfg.interval;
+                        }
+                        if follow_up.is_some_and(|f| f <= now) {
+                            follow_up = None;
+                        }
+                    }
                     () = this.nudged.notified() => {
                         tokio::select! {
                             () = shutdown.cancelled() => return,
                             () = tokio::time::sleep(DEBOUNCE) => {}
                         }
+                        follow_up = Some(tokio::time::Instant::now() + this.cfg.grace + DEBOUNCE);
                     }
                 }
                 if let Err(e) = this.collect().await {
