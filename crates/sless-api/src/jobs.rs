@@ -183,6 +183,7 @@ pub async fn delete(
     s.job_store.get_job(&ns, &name).await?;
     s.jobs.stop(&ns, &name);
     s.job_store.delete_job(&ns, &name).await?;
+    s.storage.nudge();
     Ok(StatusCode::NO_CONTENT)
 }
 
