@@ -151,11 +151,25 @@ impl Controller {
             // An older revision still serves; the URL keeps answering with it.
             self.failed.clear(ns, name);
         } else {
+            // Anyone may call a public URL: tell them the reason's first line,
+            // not the build log's tail that follows it (the owner sees all of
+            // it in the function's status).
+            let mut summary: String = message
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim_end_matches(':')
+                .chars()
+                .take(300)
+                .collect();
+            if summary.is_empty() {
+                summary = "its latest revision failed".into();
+            }
             self.failed.set(
                 ns,
                 name,
                 Failure {
-                    message: message.to_string(),
+                    message: summary,
                     private,
                 },
             );

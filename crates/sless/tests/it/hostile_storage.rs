@@ -393,3 +393,46 @@ async fn uploads_over_the_namespace_storage_quota_are_refused() {
     let (status, body) = upload(&server, "other", "third", c).await;
     assert_eq!(status, 202, "{body}");
 }
+
+#[tokio::test]
+async fn a_failed_function_answers_503_with_the_first_line_of_its_reason() {
+    let server = Server::start_with(&["--prewarm", "0"]).await;
+    create(&server, "default", "broken").await;
+    // A dependency install that fails: the reason is a summary line followed by
+    // pip's output, which only the owner should see.
+    let archive = zip(&[
+        ("handler.py", HELLO),
+        (
+            "requirements.txt",
+            "./vendor/missing-0.1-py3-none-any.whl\n",
+        ),
+    ]);
+    let (status, _) = upload(&server, "default", "broken", archive).await;
+    assert_eq!(status, 202);
+    let f = wait_phase(&server, "default", "broken", "Failed").await;
+    let reason = f["status"]["message"].as_str().unwrap().to_string();
+    let first = reason.lines().next().unwrap().trim_end_matches(':');
+    assert!(reason.lines().count() > 1, "{reason}");
+
+    let (status, body) = server.get("broken", "/x").await;
+    assert_eq!(status, 503, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "unavailable");
+    assert_eq!(
+        body["error"]["message"].as_str().unwrap(),
+        format!("function default/broken failed: {first}"),
+        "full reason: {reason}"
+    );
+    // A function that does not exist is still 404.
+    assert_eq!(server.get("nobody", "").await.0, 404);
+    // Deleting it frees the name: 404 again.
+    let (status, _) = send(
+        &server,
+        reqwest::Method::DELETE,
+        "/v1/namespaces/default/functions/broken",
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    assert_eq!(server.get("broken", "").await.0, 404);
+}
