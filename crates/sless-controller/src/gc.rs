@@ -21,6 +21,7 @@ use sless_core::Runtime;
 use sless_executor::Executor;
 use sless_store::{CodeOwner, JobStore, StorageStore, Store, StoreError};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::Controller;
@@ -91,6 +92,47 @@ fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
+/// When the next collection is due: the periodic tick, or sooner a follow-up
+/// to a nudged pass once the grace period of what it kept has run out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Schedule {
+    interval: Duration,
+    grace: Duration,
+    next_tick: Instant,
+    follow_up: Option<Instant>,
+}
+
+impl Schedule {
+    fn new(cfg: StorageConfig, now: Instant) -> Self {
+        Schedule {
+            interval: cfg.interval,
+            grace: cfg.grace,
+            next_tick: now + cfg.interval,
+            follow_up: None,
+        }
+    }
+
+    fn wake(&self) -> Instant {
+        self.follow_up
+            .map_or(self.next_tick, |f| f.min(self.next_tick))
+    }
+
+    /// The timer fired at `now` (a collection follows).
+    fn woke(&mut self, now: Instant) {
+        if now >= self.next_tick {
+            self.next_tick = now + self.interval;
+        }
+        if self.follow_up.is_some_and(|f| f <= now) {
+            self.follow_up = None;
+        }
+    }
+
+    /// A nudge came and its debounce ended at `now` (a collection follows).
+    fn nudged(&mut self, now: Instant) {
+        self.follow_up = Some(now + self.grace + DEBOUNCE);
+    }
+}
+
 /// Removes unused code storage, now, periodically and when nudged; checks quotas.
 pub struct Collector {
     cfg: StorageConfig,
@@ -143,27 +185,17 @@ impl Collector {
     pub fn spawn(self: &Arc<Self>, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         tokio::spawn(async move {
-            let mut next_tick = tokio::time::Instant::now() + this.cfg.interval;
-            let mut follow_up: Option<tokio::time::Instant> = None;
+            let mut schedule = Schedule::new(this.cfg, Instant::now());
             loop {
-                let wake = follow_up.map_or(next_tick, |f| f.min(next_tick));
                 tokio::select! {
                     () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep_until(wake) => {
-                        let now = tokio::time::Instant::now();
-                        if now >= next_tick {
-                            next_tick = now + this.cfg.interval;
-                        }
-                        if follow_up.is_some_and(|f| f <= now) {
-                            follow_up = None;
-                        }
-                    }
+                    () = tokio::time::sleep_until(schedule.wake()) => schedule.woke(Instant::now()),
                     () = this.nudged.notified() => {
                         tokio::select! {
                             () = shutdown.cancelled() => return,
                             () = tokio::time::sleep(DEBOUNCE) => {}
                         }
-                        follow_up = Some(tokio::time::Instant::now() + this.cfg.grace + DEBOUNCE);
+                        schedule.nudged(Instant::now());
                     }
                 }
                 if let Err(e) = this.collect().await {
@@ -298,5 +330,56 @@ impl Collector {
         unpacked: u64,
     ) -> Result<(), StoreError> {
         self.storage.record_blob(sha256, compressed, unpacked).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drives the schedule the way `spawn` does, on a paused clock, and
+    /// returns the seconds (since start) at which collections ran.
+    async fn runs(nudges_at: &[u64], until: u64) -> Vec<u64> {
+        let cfg = StorageConfig {
+            interval: Duration::from_secs(900),
+            grace: Duration::from_secs(60),
+            namespace_quota: 0,
+        };
+        let start = Instant::now();
+        let mut schedule = Schedule::new(cfg, start);
+        let mut nudges = nudges_at
+            .iter()
+            .map(|s| start + Duration::from_secs(*s))
+            .peekable();
+        let mut ran = Vec::new();
+        loop {
+            let wake = schedule.wake();
+            match nudges.peek().copied() {
+                Some(n) if n < wake => {
+                    nudges.next();
+                    tokio::time::sleep_until(n + DEBOUNCE).await;
+                    schedule.nudged(Instant::now());
+                }
+                _ => {
+                    tokio::time::sleep_until(wake).await;
+                    schedule.woke(Instant::now());
+                }
+            }
+            let at = (Instant::now() - start).as_secs();
+            if at > until {
+                return ran;
+            }
+            ran.push(at);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn collections_run_periodically_after_nudges_and_once_the_grace_has_passed() {
+        assert_eq!(runs(&[], 2000).await, vec![900, 1800]);
+        // A delete at 100 s: a pass a second later, another once what it found
+        // too fresh is older than the grace period, then the periodic ones.
+        assert_eq!(runs(&[100], 2000).await, vec![101, 162, 900, 1800]);
+        // A burst of nudges moves the follow-up along with the last one.
+        assert_eq!(runs(&[100, 130], 1000).await, vec![101, 131, 192, 900]);
     }
 }
