@@ -26,6 +26,9 @@ pub enum ApiError {
     /// The body's content type is not one this endpoint takes.
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// Over a namespace quota; the message names which.
+    #[error("{0}")]
+    QuotaExceeded(String),
     /// A dependency (store, object store) is unavailable.
     #[error("{0}")]
     Unavailable(String),
@@ -114,6 +117,7 @@ impl IntoResponse for ApiError {
             ApiError::UnsupportedMediaType(_) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
+            ApiError::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Timeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
             ApiError::InsufficientStorage(_) => {

@@ -11,10 +11,11 @@ use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use sless_blob::{BlobError, Stored};
 use sless_core::{FunctionSpec, FunctionStatus, Phase};
 use sless_executor::{InvokeError, InvokeRequest};
 use sless_records::{Invocation, InvocationSource};
-use sless_store::{FunctionChange, FunctionRecord};
+use sless_store::{CodeOwner, FunctionChange, FunctionRecord};
 
 use crate::{ApiError, AppState, Caller, JsonBody, read_limited};
 
@@ -189,6 +190,8 @@ pub async fn delete(
     caller.check(&ns)?;
     s.store.delete_function(&ns, &name).await?;
     s.controller.forget(&ns, &name);
+    // Its code, build and dependencies may now be unused.
+    s.collector.nudge();
     // A function's triggers go with it (its jobs' records are kept).
     for trigger in s.trigger_store.delete_function_triggers(&ns, &name).await? {
         s.triggers.remove(&ns, &trigger);
@@ -268,12 +271,27 @@ pub async fn upload_code(
             "archive is larger than the limit of {limit} bytes"
         )));
     }
-    let sha = store_archive(&s, archive).await?;
+    let (sha, stored) = store_archive(&s, archive, &ns, CodeOwner::Function(&name)).await?;
     let record = s
         .store
         .update_function(&ns, &name, FunctionChange::Code(sha.clone()))
         .await?;
+    if stored != Stored::Existing {
+        // The archive was missing or corrupt and is whole again: functions that
+        // failed for want of it (this one, or others with the same code) build
+        // again, even though their revision did not change.
+        for f in s.store.list_functions(None).await? {
+            if f.code_sha256.as_deref() == Some(sha.as_str())
+                && f.status.phase == Phase::Failed
+                && f.status.revision == f.revision
+            {
+                s.controller.enqueue_retry(&f.namespace, &f.name);
+            }
+        }
+    }
     s.controller.enqueue(&ns, &name);
+    // The code it replaced may now be unused.
+    s.collector.nudge();
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({"revision": record.revision, "code_sha256": sha})),
@@ -282,22 +300,44 @@ pub async fn upload_code(
 }
 
 /// Checks an uploaded archive without unpacking it (unsafe paths and links are
-/// `400`, size limits `413`) and stores it by its sha256, which it returns.
-pub(crate) async fn store_archive(s: &AppState, archive: Bytes) -> Result<String, ApiError> {
+/// `400`, size limits `413`), checks that it fits the namespace's storage quota
+/// as `owner`'s new code (`429`, nothing stored), and stores it by its sha256,
+/// which it returns with what the store did.
+pub(crate) async fn store_archive(
+    s: &AppState,
+    archive: Bytes,
+    ns: &str,
+    owner: CodeOwner<'_>,
+) -> Result<(String, Stored), ApiError> {
     let limits = s.archive_limits;
     let inspected = {
         let archive = archive.clone();
-        tokio::task::spawn_blocking(move || sless_blob::inspect_zip(&archive, &limits))
-            .await
-            .map_err(|e| ApiError::Internal(e.into()))?
+        tokio::task::spawn_blocking(move || {
+            sless_blob::inspect_zip(&archive, &limits)
+                .map(|info| (info, sless_blob::sha256_hex(&archive)))
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))?
     };
-    if let Err(e) = inspected {
-        return Err(match e {
-            sless_blob::ArchiveError::TooLarge(m) => ApiError::TooLarge(m),
-            other => ApiError::bad(format!("code: {other}")),
-        });
-    }
-    Ok(s.blobs.put(archive).await?)
+    let (info, sha) = inspected.map_err(|e| match e {
+        sless_blob::ArchiveError::TooLarge(m) => ApiError::TooLarge(m),
+        other => ApiError::bad(format!("code: {other}")),
+    })?;
+    let compressed = archive.len() as u64;
+    s.collector
+        .admit(ns, owner, &sha, compressed, info.unpacked_bytes)
+        .await
+        .map_err(|e| match e {
+            e @ sless_controller::gc::QuotaError::Exceeded { .. } => {
+                ApiError::QuotaExceeded(e.to_string())
+            }
+            sless_controller::gc::QuotaError::Store(e) => e.into(),
+        })?;
+    let stored = s.blobs.put(archive).await?;
+    s.collector
+        .stored(&stored.0, compressed, info.unpacked_bytes)
+        .await?;
+    Ok(stored)
 }
 
 pub async fn source(
@@ -310,11 +350,16 @@ pub async fn source(
     let Some(sha) = record.code_sha256 else {
         return Ok(Json(json!({"items": []})));
     };
-    let archive = s
-        .blobs
-        .get(&sha)
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))?;
+    let archive = s.blobs.get(&sha).await.map_err(|e| match e {
+        // The owner can fix both by uploading the code again; say so.
+        BlobError::Corrupt { .. } => ApiError::Conflict(format!(
+            "the stored code archive of function {name} is corrupt (its bytes no longer match its sha256 {sha}); upload the code again to repair it"
+        )),
+        BlobError::NotFound(_) => ApiError::Conflict(format!(
+            "the stored code archive of function {name} is missing; upload the code again to repair it"
+        )),
+        other => ApiError::Internal(other.into()),
+    })?;
     let limits = s.archive_limits;
     let files = tokio::task::spawn_blocking(move || sless_blob::list_source(&archive, &limits))
         .await

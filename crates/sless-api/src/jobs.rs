@@ -183,6 +183,7 @@ pub async fn delete(
     s.job_store.get_job(&ns, &name).await?;
     s.jobs.stop(&ns, &name);
     s.job_store.delete_job(&ns, &name).await?;
+    s.collector.nudge();
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -217,7 +218,9 @@ pub async fn upload_code(
         s.body_timeout,
     )
     .await?;
-    let sha = crate::functions::store_archive(&s, archive).await?;
+    let (sha, _) =
+        crate::functions::store_archive(&s, archive, &ns, sless_store::CodeOwner::Job(&name))
+            .await?;
     s.job_store.set_job_code(&ns, &name, &sha).await?;
     if job.spec.run_id != 0
         && !(job.status.run_id == job.spec.run_id && job.status.phase.is_terminal())

@@ -22,6 +22,7 @@ use axum::routing::{get, post, put};
 use serde_json::Value;
 use sless_blob::{ArchiveLimits, BlobStore};
 use sless_controller::Controller;
+use sless_controller::gc::Collector;
 use sless_controller::jobs::Jobs;
 use sless_controller::triggers::Triggers;
 use sless_executor::Executor;
@@ -39,6 +40,8 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub blobs: Arc<dyn BlobStore>,
     pub controller: Arc<Controller>,
+    /// Storage upkeep: the code storage quota, and collection after deletes.
+    pub collector: Arc<Collector>,
     pub executor: Arc<Executor>,
     pub logs: Arc<LogStore>,
     pub tokens: Arc<Tokens>,

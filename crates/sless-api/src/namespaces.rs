@@ -97,6 +97,7 @@ pub async fn delete(
     for f in removed {
         s.controller.forget(&f.namespace, &f.name);
     }
+    s.collector.nudge();
     s.tokens.invalidate();
     Ok(StatusCode::NO_CONTENT)
 }

@@ -17,4 +17,4 @@ pub mod store;
 pub use archive::{
     ArchiveError, ArchiveInfo, ArchiveLimits, SourceFile, extract_zip, inspect_zip, list_source,
 };
-pub use store::{BlobError, BlobStore, LocalBlobStore, sha256_hex};
+pub use store::{BlobError, BlobInfo, BlobStore, LocalBlobStore, Stored, sha256_hex};

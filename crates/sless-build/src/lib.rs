@@ -22,13 +22,13 @@ mod keys;
 mod step;
 mod tree;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use sless_blob::{ArchiveError, ArchiveLimits};
@@ -196,6 +196,9 @@ pub struct Builder {
     owner: (u32, u32),
     /// Makes sandbox ids unique (they name cgroups).
     step_counter: AtomicU64,
+    /// Deps keys that builds in progress use (with how many), which a
+    /// collection must not take even though no finished build names them yet.
+    building_with: Mutex<HashMap<String, usize>>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -242,6 +245,7 @@ impl Builder {
             sandbox,
             locks: Mutex::new(HashMap::new()),
             step_counter: AtomicU64::new(0),
+            building_with: Mutex::new(HashMap::new()),
         })
     }
 
@@ -269,14 +273,15 @@ impl Builder {
             )));
         }
         let key = build_key(req.family, &req.entrypoint, &req.code_sha256);
-        if let Some(done) = self.finished(&key).await {
-            (req.log)("==> code unchanged, reusing the previous build");
-            return Ok(done);
-        }
+        // Under the key's lock, so a collection (which takes it too) either
+        // removed the build before (and it is built again) or sees it renewed.
         let lock = self.lock(&format!("build/{key}"));
         let _same_key = lock.lock().await;
-        // Someone may have finished it while we waited for the lock.
         if let Some(done) = self.finished(&key).await {
+            renew(&done.code_dir);
+            if let Some(deps) = &done.deps_dir {
+                renew(deps);
+            }
             (req.log)("==> code unchanged, reusing the previous build");
             return Ok(done);
         }
@@ -386,6 +391,9 @@ impl Builder {
             RuntimeFamily::Nodejs => self.node_deps(key, code.path(), log, deadline).await?,
             RuntimeFamily::Go | RuntimeFamily::Custom => None,
         };
+        // Held until this build is published or abandoned; with the renewal
+        // done under the lock just before, no collection can take the deps.
+        let _using = deps_key.as_deref().map(|k| self.use_deps(k));
         let deps_dir = deps_key.as_deref().map(|k| self.deps_dir(k));
 
         if req.family == RuntimeFamily::Nodejs && deps_dir.is_some() {
@@ -575,15 +583,11 @@ impl Builder {
     ) -> Result<String, BuildError> {
         let final_dir = self.deps_dir(deps_key);
         let installed = || final_dir.join(INSTALLED_MARKER).is_file();
-        if installed() {
-            log(&format!(
-                "==> {manifest} unchanged, reusing the installed dependencies"
-            ));
-            return Ok(deps_key.to_string());
-        }
         let lock = self.lock(&format!("deps/{deps_key}"));
         let _same_key = lock.lock().await;
         if installed() {
+            // Renewed under the lock: a collection keeps what a build is using.
+            renew(&final_dir);
             log(&format!(
                 "==> {manifest} unchanged, reusing the installed dependencies"
             ));
@@ -736,6 +740,186 @@ impl Builder {
             ready_pipe: false,
             listen: None,
         }
+    }
+}
+
+/// What [`Builder::collect`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Collected {
+    pub builds: usize,
+    pub deps: usize,
+    /// Bytes of the files removed (their apparent sizes).
+    pub bytes: u64,
+}
+
+impl Builder {
+    /// Removes finished builds whose key is not in `keep` and that were last
+    /// built or reused before `cutoff`, then installed dependencies that no
+    /// remaining build names and that were last installed or reused before
+    /// `cutoff`. Each removal takes the key's lock and renames the directory
+    /// away first, so a build reusing it at the same moment either renews it
+    /// (and it stays) or finds it gone (and builds it again).
+    pub async fn collect(
+        &self,
+        keep: &HashSet<String>,
+        cutoff: SystemTime,
+    ) -> Result<Collected, BuildError> {
+        let mut done = Collected::default();
+        for key in self.entries(&self.cfg.builds_dir).await? {
+            if keep.contains(&key) {
+                continue;
+            }
+            if let Some(bytes) = self
+                .remove_if_stale(&format!("build/{key}"), &self.code_dir(&key), cutoff)
+                .await?
+            {
+                done.builds += 1;
+                done.bytes += bytes;
+            }
+        }
+        // Dependencies stay while any build that is left names them.
+        let mut named = HashSet::new();
+        for key in self.entries(&self.cfg.builds_dir).await? {
+            let marker = tokio::fs::read(self.code_dir(&key).join(BUILT_MARKER)).await;
+            if let Ok(raw) = marker
+                && let Ok(BuiltMarker {
+                    deps_key: Some(deps),
+                    ..
+                }) = serde_json::from_slice::<BuiltMarker>(&raw)
+            {
+                named.insert(deps);
+            }
+        }
+        named.extend(self.deps_in_use());
+        for key in self.entries(&self.cfg.deps_dir).await? {
+            if named.contains(&key) {
+                continue;
+            }
+            if let Some(bytes) = self
+                .remove_if_stale(&format!("deps/{key}"), &self.deps_dir(&key), cutoff)
+                .await?
+            {
+                done.deps += 1;
+                done.bytes += bytes;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Marks `deps_key` as used by a build in progress until the guard drops.
+    fn use_deps(&self, deps_key: &str) -> DepsInUse<'_> {
+        *self
+            .building_with
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(deps_key.to_string())
+            .or_default() += 1;
+        DepsInUse {
+            builder: self,
+            key: deps_key.to_string(),
+        }
+    }
+
+    fn deps_in_use(&self) -> HashSet<String> {
+        self.building_with
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// The names in `dir` that can be keys: directories not starting with `.`
+    /// (temporary and reserved entries do).
+    async fn entries(&self, dir: &Path) -> Result<Vec<String>, BuildError> {
+        let dir = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            for entry in std::fs::read_dir(&dir)? {
+                let entry = entry?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if !name.starts_with('.') && entry.file_type()?.is_dir() {
+                    out.push(name);
+                }
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| BuildError::Internal(format!("listing task: {e}")))?
+        .map_err(io_err("listing build outputs"))
+    }
+
+    /// Removes `dir` if it was last changed before `cutoff`; the bytes freed.
+    async fn remove_if_stale(
+        &self,
+        lock_key: &str,
+        dir: &Path,
+        cutoff: SystemTime,
+    ) -> Result<Option<u64>, BuildError> {
+        let doomed = {
+            let lock = self.lock(lock_key);
+            let _same_key = lock.lock().await;
+            let Ok(modified) = tokio::fs::metadata(dir).await.and_then(|m| m.modified()) else {
+                return Ok(None);
+            };
+            if modified >= cutoff {
+                return Ok(None);
+            }
+            let parent = dir.parent().unwrap_or(dir);
+            let name = dir.file_name().unwrap_or_default().to_string_lossy();
+            // `.tmp-` entries are removed at start-up if this is interrupted.
+            let doomed = parent.join(format!(".tmp-gc-{name}"));
+            tokio::fs::rename(dir, &doomed)
+                .await
+                .map_err(io_err(format!("moving {} away", dir.display())))?;
+            doomed
+        };
+        tokio::task::spawn_blocking(move || {
+            let bytes = walkdir::WalkDir::new(&doomed)
+                .into_iter()
+                .filter_map(Result::ok)
+                .filter(|e| e.file_type().is_file())
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum::<u64>();
+            std::fs::remove_dir_all(&doomed).map(|()| bytes)
+        })
+        .await
+        .map_err(|e| BuildError::Internal(format!("removal task: {e}")))?
+        .map(Some)
+        .map_err(io_err(format!("removing {}", dir.display())))
+    }
+}
+
+/// A build in progress's use of installed dependencies (see [`Builder::use_deps`]).
+struct DepsInUse<'a> {
+    builder: &'a Builder,
+    key: String,
+}
+
+impl Drop for DepsInUse<'_> {
+    fn drop(&mut self) {
+        let mut using = self
+            .builder
+            .building_with
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = using.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                using.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Marks a finished directory as used now (its modification time), which a
+/// collection reads as "recently used". Best effort: a failure only makes the
+/// directory look older.
+fn renew(dir: &Path) {
+    let now = SystemTime::now();
+    if let Err(e) = std::fs::File::open(dir).and_then(|f| f.set_modified(now)) {
+        tracing::debug!(dir = %dir.display(), error = %e, "could not renew");
     }
 }
 

@@ -610,3 +610,105 @@ async fn the_repository_shims_check_entrypoints() {
         "{message}"
     );
 }
+
+/// Sets a directory's modification time `secs` seconds into the past.
+fn age(dir: &Path, secs: u64) {
+    std::fs::File::open(dir)
+        .unwrap()
+        .set_modified(SystemTime::now() - Duration::from_secs(secs))
+        .unwrap();
+}
+
+#[tokio::test]
+async fn collect_removes_unkept_stale_builds_and_the_deps_only_they_named() {
+    let env = TestEnv::new(Duration::from_secs(60));
+    let (builds, deps) = (env.data().join("builds"), env.data().join("deps"));
+    let mk_build = |key: &str, deps_key: Option<&str>| {
+        let dir = builds.join(key);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("handler.py"), vec![b'x'; 1000]).unwrap();
+        let marker = serde_json::to_vec(&BuiltMarker {
+            format: BUILDER_FORMAT_VERSION,
+            deps_key: deps_key.map(str::to_string),
+        })
+        .unwrap();
+        std::fs::write(dir.join(BUILT_MARKER), marker).unwrap();
+        age(&dir, 3600);
+    };
+    let mk_deps = |key: &str| {
+        let dir = deps.join(key);
+        std::fs::create_dir_all(dir.join("pkg")).unwrap();
+        std::fs::write(dir.join("pkg/mod.py"), vec![b'y'; 500]).unwrap();
+        std::fs::write(dir.join(INSTALLED_MARKER), b"x").unwrap();
+        age(&dir, 3600);
+    };
+    mk_build("kept", Some("d-kept"));
+    mk_build("gone", Some("d-gone"));
+    mk_build("fresh", None);
+    age(&builds.join("fresh"), 0);
+    mk_deps("d-kept");
+    mk_deps("d-gone");
+    mk_deps("d-orphan");
+    mk_deps("d-fresh");
+    age(&deps.join("d-fresh"), 0);
+
+    let keep: HashSet<String> = ["kept".to_string()].into();
+    let cutoff = SystemTime::now() - Duration::from_secs(60);
+    let done = env.builder.collect(&keep, cutoff).await.unwrap();
+    assert_eq!((done.builds, done.deps), (1, 2));
+    assert!(done.bytes >= 1000 + 2 * 500, "{done:?}");
+    let names = |d: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&builds), vec!["fresh", "kept"]);
+    assert_eq!(names(&deps), vec![".empty", "d-fresh", "d-kept"]);
+    assert!(env.temps().is_empty(), "{:?}", env.temps());
+
+    // A build reused just now is renewed: the next collection keeps it even
+    // though nothing lists it.
+    let lines = Lines::default();
+    let archive = zip_of(&[("handler.py", b"def handle(e, c):\n    return 1\n")]);
+    let out = env
+        .builder
+        .build(request(RuntimeFamily::Python3, archive.clone(), &lines))
+        .await
+        .unwrap();
+    age(&out.code_dir, 3600);
+    let again = env
+        .builder
+        .build(request(RuntimeFamily::Python3, archive, &lines))
+        .await
+        .unwrap();
+    assert!(again.reused);
+    let done = env
+        .builder
+        .collect(&HashSet::new(), SystemTime::now() - Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(done.builds, 1, "only `kept` goes: {done:?}");
+    assert!(out.code_dir.is_dir());
+}
+
+#[tokio::test]
+async fn collect_keeps_dependencies_a_build_in_progress_uses() {
+    let env = TestEnv::new(Duration::from_secs(60));
+    let dir = env.data().join("deps").join("d-busy");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(INSTALLED_MARKER), b"x").unwrap();
+    age(&dir, 3600);
+    let cutoff = SystemTime::now() - Duration::from_secs(60);
+    {
+        let _using = env.builder.use_deps("d-busy");
+        let done = env.builder.collect(&HashSet::new(), cutoff).await.unwrap();
+        assert_eq!(done.deps, 0);
+        assert!(dir.is_dir());
+    }
+    let done = env.builder.collect(&HashSet::new(), cutoff).await.unwrap();
+    assert_eq!(done.deps, 1);
+    assert!(!dir.exists());
+}

@@ -272,11 +272,17 @@ impl Jobs {
         let archive = match self.blobs.get(sha).await {
             Ok(a) => a,
             Err(e) => {
-                tracing::error!(namespace = %ns, job = %name, error = %e, "job archive missing");
-                fail(
-                    status,
-                    "the job's code could not be read; the server log has the details".into(),
-                );
+                tracing::error!(namespace = %ns, job = %name, error = %e, "job archive unusable");
+                let message = match e {
+                    sless_blob::BlobError::Corrupt { .. } => format!(
+                        "the stored code archive {sha} is corrupt (its bytes no longer match its sha256); upload the code again to repair it"
+                    ),
+                    sless_blob::BlobError::NotFound(_) => format!(
+                        "the stored code archive {sha} is missing; upload the code again to repair it"
+                    ),
+                    _ => "the job's code could not be read; the server log has the details".into(),
+                };
+                fail(status, message);
                 self.store.set_job_status(ns, name, status).await?;
                 return Ok(None);
             }

@@ -7,22 +7,43 @@
 //! executor and writes the status back. Running it twice changes nothing.
 //! Reconciles of one function are serialised; of different functions they run
 //! in parallel (builds are bounded by the builder).
+//!
+//! [`gc`] collects the code, builds and dependencies nothing uses any more, and
+//! answers how much storage a namespace's code takes.
 
+pub mod gc;
 pub mod jobs;
 pub mod triggers;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
+use sless_blob::BlobError;
 use sless_blob::BlobStore;
 use sless_build::{BuildError, BuildRequest, Builder};
 use sless_core::{FunctionStatus, Phase, Runtime};
 use sless_executor::{Deployment, Executor};
+use sless_gateway::{FailedFunctions, Failure};
 use sless_logs::LogStore;
 use sless_store::{FunctionRecord, Store, StoreError};
 
 type Key = (String, String);
+
+/// One built revision's inputs on disk: its archive and its build directory.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BuildRef {
+    pub code_sha256: String,
+    pub build_key: String,
+}
+
+/// What a function's pool runs and ran just before (its old instances may
+/// still be draining), so a collection never takes either.
+#[derive(Debug, Clone, Default)]
+struct Served {
+    current: Option<BuildRef>,
+    previous: Option<BuildRef>,
+}
 
 /// What reconciling needs.
 pub struct Controller {
@@ -37,6 +58,17 @@ pub struct Controller {
     locks: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
     /// The revision each function's executor pool runs, as deployed by us.
     deployed: Mutex<HashMap<Key, u64>>,
+    /// The builds each function's pool runs and ran (see [`Served`]).
+    served: Mutex<HashMap<Key, Served>>,
+    /// Builds of deleted functions, with when they were let go: their last
+    /// requests may still be running, so they are kept for a grace period.
+    released: Mutex<Vec<(std::time::Instant, BuildRef)>>,
+    /// Functions to reconcile even though their revision settled as `Failed`
+    /// (their code was stored again after being found corrupt or missing).
+    retry: Mutex<HashSet<Key>>,
+    /// Functions with nothing to serve because their latest revision failed;
+    /// the gateway answers their URL with `503` and the reason.
+    failed: Arc<FailedFunctions>,
 }
 
 /// Errors that stop a reconcile before it can record a status.
@@ -74,7 +106,74 @@ impl Controller {
             public_url: public_url.trim_end_matches('/').to_string(),
             locks: Mutex::new(HashMap::new()),
             deployed: Mutex::new(HashMap::new()),
+            served: Mutex::new(HashMap::new()),
+            released: Mutex::new(Vec::new()),
+            retry: Mutex::new(HashSet::new()),
+            failed: Arc::new(FailedFunctions::default()),
         })
+    }
+
+    /// The failures the gateway reports for functions with nothing to serve.
+    pub fn failed_functions(&self) -> Arc<FailedFunctions> {
+        self.failed.clone()
+    }
+
+    /// Reconciles a function even if its revision settled as `Failed`: its code
+    /// archive was just stored again (repairing a corrupt or missing copy), so a
+    /// build that failed for want of it can now succeed.
+    pub fn enqueue_retry(self: &Arc<Self>, namespace: &str, name: &str) {
+        self.retry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((namespace.to_string(), name.to_string()));
+        self.enqueue(namespace, name);
+    }
+
+    /// Builds that pools run or ran just before, and builds of functions deleted
+    /// less than `grace` ago: a collection keeps all of them.
+    pub fn builds_in_use(&self, grace: std::time::Duration) -> Vec<BuildRef> {
+        let mut out: Vec<BuildRef> = self
+            .served
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .flat_map(|s| s.current.iter().chain(s.previous.iter()).cloned())
+            .collect();
+        let mut released = self.released.lock().unwrap_or_else(|e| e.into_inner());
+        released.retain(|(at, _)| at.elapsed() < grace);
+        out.extend(released.iter().map(|(_, b)| b.clone()));
+        out
+    }
+
+    /// Records a failure for the gateway when the function has nothing to serve.
+    fn note_failure(&self, ns: &str, name: &str, private: bool, message: &str) {
+        if self.executor.is_deployed(ns, name) {
+            // An older revision still serves; the URL keeps answering with it.
+            self.failed.clear(ns, name);
+        } else {
+            // Anyone may call a public URL: tell them the reason's first line,
+            // not the build log's tail that follows it (the owner sees all of
+            // it in the function's status).
+            let mut summary: String = message
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim_end_matches(':')
+                .chars()
+                .take(300)
+                .collect();
+            if summary.is_empty() {
+                summary = "its latest revision failed".into();
+            }
+            self.failed.set(
+                ns,
+                name,
+                Failure {
+                    message: summary,
+                    private,
+                },
+            );
+        }
     }
 
     /// The public URL of a function.
@@ -136,6 +235,25 @@ impl Controller {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&key);
+        self.failed.clear(namespace, name);
+        if let Some(served) = self
+            .served
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key)
+        {
+            let now = std::time::Instant::now();
+            self.released
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(
+                    served
+                        .current
+                        .into_iter()
+                        .chain(served.previous)
+                        .map(|b| (now, b)),
+                );
+        }
         self.logs.remove(namespace, name);
     }
 
@@ -165,7 +283,16 @@ impl Controller {
             .copied();
         let settled = matches!(record.status.phase, Phase::Ready | Phase::Failed)
             && record.status.revision == record.revision;
-        if settled && (deployed == Some(record.revision) || record.status.phase == Phase::Failed) {
+        let retry = self
+            .retry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        if settled && deployed == Some(record.revision) {
+            return Ok(());
+        }
+        if settled && record.status.phase == Phase::Failed && !retry {
+            self.note_failure(&key.0, &key.1, record.spec.private, &record.status.message);
             return Ok(());
         }
         let Some(sha) = record.code_sha256.clone() else {
@@ -206,20 +333,40 @@ impl Controller {
         };
         set(status.clone()).await?;
 
+        let private = record.spec.private;
         let runtime = match Runtime::parse(&record.spec.runtime) {
             Ok(r) => r,
             Err(e) => {
                 status.phase = Phase::Failed;
                 status.message = e.to_string();
+                self.note_failure(ns, name, private, &status.message);
                 set(status).await?;
                 return Ok(());
             }
         };
-        let archive = self
-            .blobs
-            .get(&sha)
-            .await
-            .map_err(|e| ReconcileError::Blob(sha.clone(), e.to_string()))?;
+        let archive = match self.blobs.get(&sha).await {
+            Ok(archive) => archive,
+            // Nothing a retry can fix: the owner must upload the code again.
+            Err(e @ (BlobError::Corrupt { .. } | BlobError::NotFound(_))) => {
+                tracing::error!(namespace = %ns, function = %name, revision, error = %e, "cannot build: code archive unusable");
+                let what = if matches!(e, BlobError::Corrupt { .. }) {
+                    "is corrupt (its bytes no longer match its sha256)"
+                } else {
+                    "is missing"
+                };
+                status.phase = Phase::Failed;
+                status.message = format!(
+                    "the stored code archive {sha} {what}; upload the code again to repair it"
+                );
+                self.logs
+                    .sink(ns, name)
+                    .line("sless", &format!("revision {revision}: {}", status.message));
+                self.note_failure(ns, name, private, &status.message);
+                set(status).await?;
+                return Ok(());
+            }
+            Err(e) => return Err(ReconcileError::Blob(sha.clone(), e.to_string())),
+        };
         let sink = self.logs.sink(ns, name);
         let log_sink = sink.clone();
         let request = BuildRequest {
@@ -248,6 +395,7 @@ impl Controller {
                 sink.line("sless", &format!("revision {revision} failed to build"));
                 status.phase = Phase::Failed;
                 status.message = message;
+                self.note_failure(ns, name, private, &status.message);
                 set(status).await?;
                 return Ok(());
             }
@@ -256,6 +404,10 @@ impl Controller {
             status.last_built_at = Some(Utc::now());
         }
         let spec = &record.spec;
+        let built = BuildRef {
+            code_sha256: sha.clone(),
+            build_key: output.build_key.clone(),
+        };
         let deployment = Deployment {
             namespace: ns.clone(),
             name: name.clone(),
@@ -280,6 +432,14 @@ impl Controller {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(key.clone(), revision);
+                {
+                    let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+                    let entry = served.entry(key.clone()).or_default();
+                    if entry.current.as_ref() != Some(&built) {
+                        entry.previous = entry.current.replace(built);
+                    }
+                }
+                self.failed.clear(ns, name);
                 status.phase = Phase::Ready;
                 status.message = if spec.paused {
                     "paused".into()
@@ -291,6 +451,7 @@ impl Controller {
             Err(e) => {
                 status.phase = Phase::Failed;
                 status.message = format!("revision {revision} could not start: {e}");
+                self.note_failure(ns, name, private, &status.message);
             }
         }
         let still_current = set(status).await?;

@@ -8,6 +8,7 @@
 
 mod body;
 mod event;
+mod failed;
 mod response;
 mod routes;
 
@@ -24,6 +25,7 @@ use sless_executor::{Executor, InvokeError, InvokeRequest};
 use sless_records::{Invocation, InvocationSource, Recorder};
 
 pub use body::{BodyError, read_body};
+pub use failed::{FailedFunctions, Failure};
 pub use response::{error_response, invoke_error_response, result_response};
 pub use routes::{HttpRoute, HttpRoutes};
 
@@ -74,6 +76,8 @@ pub struct Gateway {
     pub routes: Arc<HttpRoutes>,
     /// Where invocation records go; `None` when recording is off.
     pub recorder: Option<Arc<Recorder>>,
+    /// Functions whose latest revision failed and that have nothing to serve.
+    pub failed: Arc<FailedFunctions>,
 }
 
 /// `app` with `/fn/{ns}/{name}[/path]` answered before routing: the invoke path is the
@@ -287,7 +291,18 @@ async fn serve(
     if sless_core::validate_name("name", name).is_err() {
         return not_found();
     }
-    match gw.executor.is_private(ns, name) {
+    // Nothing to serve: a function that failed says so, with the reason (after the
+    // same token check as a running private function).
+    let mut failed = None;
+    let private = match gw.executor.is_private(ns, name) {
+        Some(private) => Some(private),
+        None => gw.failed.get(ns, name).map(|failure| {
+            let private = failure.private;
+            failed = Some(failure);
+            private
+        }),
+    };
+    match private {
         None => return not_found(),
         Some(true) => {
             let Some(token) = bearer_token(req.headers()) else {
@@ -320,6 +335,13 @@ async fn serve(
             }
         }
         Some(false) => {}
+    }
+    if let Some(failure) = failed {
+        return error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            &format!("function {ns}/{name} failed: {}", failure.message),
+        );
     }
 
     let (parts, body) = req.into_parts();

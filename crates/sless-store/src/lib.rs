@@ -5,6 +5,7 @@
 mod invocations;
 mod jobs;
 mod sqlite;
+mod storage;
 mod triggers;
 
 use async_trait::async_trait;
@@ -17,6 +18,7 @@ pub use invocations::{
 };
 pub use jobs::{JobRecord, JobStore};
 pub use sqlite::SqliteStore;
+pub use storage::{CodeOwner, StorageStore};
 pub use triggers::{TriggerRecord, TriggerStore};
 
 /// Errors of the metadata store.

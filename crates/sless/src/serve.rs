@@ -14,6 +14,7 @@ use sless_api::{AppState, Tokens};
 use sless_blob::{ArchiveLimits, BlobStore, LocalBlobStore};
 use sless_build::{BuildConfig, Builder};
 use sless_controller::Controller;
+use sless_controller::gc::{Collector, StorageConfig};
 use sless_controller::jobs::{Jobs, OnJobInvoke};
 use sless_controller::triggers::{InvokeOutcome, OnInvoke, Triggers};
 use sless_executor::{Executor, ExecutorConfig};
@@ -121,6 +122,19 @@ pub struct ServeArgs {
     /// 503 and API writes 507.
     #[arg(long, env = "SLESS_MIN_FREE_MB", default_value_t = 64)]
     pub min_free_mb: u64,
+    /// The most code storage one namespace may use, in MiB: each stored archive its
+    /// functions and jobs name, compressed plus unpacked. 0 turns the quota off.
+    #[arg(long, env = "SLESS_NAMESPACE_STORAGE_MB", default_value_t = 2048)]
+    pub namespace_storage_mb: u64,
+    /// Seconds between collections of unused code archives, builds and dependencies
+    /// (a collection also runs at start and shortly after deletes and uploads).
+    #[arg(long, env = "SLESS_GC_INTERVAL_SEC", default_value_t = 900)]
+    pub gc_interval_sec: u64,
+    /// Code storage written or used less than this many seconds ago is never
+    /// collected, nor are builds of functions deleted less than this long ago
+    /// (their last requests may still be running).
+    #[arg(long, env = "SLESS_GC_GRACE_SEC", default_value_t = 60)]
+    pub gc_grace_sec: u64,
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {
@@ -149,6 +163,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let invocations: Arc<dyn InvocationStore> = sqlite.clone();
     let trigger_store: Arc<dyn TriggerStore> = sqlite.clone();
     let job_store: Arc<dyn JobStore> = sqlite.clone();
+    let storage_store: Arc<dyn sless_store::StorageStore> = sqlite.clone();
     let store: Arc<dyn Store> = sqlite;
     store.ensure_namespace("default").await?;
     let blobs: Arc<dyn BlobStore> = Arc::new(
@@ -269,6 +284,20 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             recorder.record(record(ns, function, InvocationSource::Job, request_id, o));
         }
     });
+    let collector = Collector::new(
+        StorageConfig {
+            interval: Duration::from_secs(args.gc_interval_sec.max(1)),
+            grace: Duration::from_secs(args.gc_grace_sec),
+            namespace_quota: args.namespace_storage_mb.saturating_mul(MIB),
+        },
+        store.clone(),
+        storage_store,
+        job_store.clone(),
+        blobs.clone(),
+        builder.clone(),
+        executor.clone(),
+        controller.clone(),
+    );
     let jobs = Jobs::new(
         job_store.clone(),
         blobs.clone(),
@@ -282,6 +311,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         store: store.clone(),
         blobs,
         controller: controller.clone(),
+        collector: collector.clone(),
         executor: executor.clone(),
         logs,
         tokens: tokens.clone(),
@@ -309,6 +339,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         body_timeout: Duration::from_secs(args.body_timeout_sec),
         recorder: recorder.clone(),
         routes,
+        failed: controller.failed_functions(),
     };
     let app =
         sless_gateway::with_fast_path(gateway.clone(), sless_gateway::router(gateway).merge(api));
@@ -332,6 +363,11 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     if resumed > 0 {
         tracing::info!(jobs = resumed, "resumed unfinished jobs");
     }
+    // Storage left unused while the server was down goes now, then periodically.
+    if let Err(e) = collector.collect().await {
+        tracing::warn!(error = %e, "storage collection at start failed");
+    }
+    let collecting = collector.spawn(shutdown.clone());
     eprintln!(
         "sless serving on {public_url} (data in {}, {functions} functions)",
         data_dir.display()
@@ -359,6 +395,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     }
     // The last invocations' records are written before the process goes.
     retention.abort();
+    collecting.abort();
     if let Some(recorder) = &recorder
         && tokio::time::timeout(Duration::from_secs(5), recorder.flush())
             .await

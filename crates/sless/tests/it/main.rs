@@ -14,6 +14,7 @@ mod harness;
 mod hostile_edge;
 mod hostile_input;
 mod hostile_sandbox;
+mod hostile_storage;
 mod invoke;
 mod jobs;
 mod lifecycle;
