@@ -383,6 +383,17 @@ fn python_location(
     Ok(())
 }
 
+/// Scripts of the project itself that `npm install` runs.
+const ROOT_INSTALL_SCRIPTS: [&str; 7] = [
+    "preinstall",
+    "install",
+    "postinstall",
+    "preprepare",
+    "prepare",
+    "postprepare",
+    "dependencies",
+];
+
 /// `package.json`, its lock files and `.npmrc`, and every local package its
 /// dependencies (and the lock file's entries) name.
 pub(crate) fn node(code: &Path) -> Result<Inputs, InputError> {
@@ -408,6 +419,15 @@ pub(crate) fn node(code: &Path) -> Result<Inputs, InputError> {
             .is_some_and(|w| !w.is_null() && w != &serde_json::json!([]))
         {
             return Err(refused(MANIFEST, "workspaces are not supported"));
+        }
+        // npm runs the project's own install scripts in the project, and they
+        // may read any of its files: then every file is an input.
+        if let Some(serde_json::Value::Object(scripts)) = doc.get("scripts")
+            && ROOT_INSTALL_SCRIPTS
+                .iter()
+                .any(|s| scripts.contains_key(*s))
+        {
+            inputs.add_existing(code, ".")?;
         }
         for section in [
             "dependencies",
@@ -745,6 +765,27 @@ mod tests {
                 "vendor/f.tgz",
             ]
         );
+    }
+
+    #[test]
+    fn project_install_scripts_make_every_file_an_input() {
+        let dir = tree(&[
+            (
+                "package.json",
+                r#"{"scripts": {"postinstall": "node tools/setup.js", "test": "x"}}"#,
+            ),
+            ("tools/setup.js", "S"),
+            ("handler.js", "H"),
+        ]);
+        assert_eq!(
+            files(&node(dir.path()).unwrap()),
+            ["handler.js", "package.json", "tools/setup.js"]
+        );
+        let dir = tree(&[
+            ("package.json", r#"{"scripts": {"test": "node t.js"}}"#),
+            ("handler.js", "H"),
+        ]);
+        assert_eq!(files(&node(dir.path()).unwrap()), ["package.json"]);
     }
 
     #[test]
