@@ -5,8 +5,11 @@
 //! `builds_dir/<build_key>/` holds the unpacked code and a `.sless-built` marker,
 //! written before the directory is renamed into place, so a directory under its
 //! final name is always complete. Dependencies live apart, in
-//! `deps_dir/<deps_key>/` keyed by the manifest (and any local packages it names),
-//! so changing only the code reuses them.
+//! `deps_dir/<deps_key>/`, keyed by the namespace, the installing toolchain and
+//! every file of the code the install may read (see [`inputs`]); the install
+//! runs on a copy holding only those files, so the key covers all it read, and
+//! changing only the code reuses the dependencies. Both keys include the
+//! namespace: tenants never share a build or an install.
 //!
 //! Layout seen by the sandboxed steps and later by the function: the code at
 //! `/code` (read-only), the dependencies at `/deps` (Python: a `pip --target`
@@ -18,6 +21,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod inputs;
 mod keys;
 mod step;
 mod tree;
@@ -53,6 +57,8 @@ const EMPTY_DEPS: &str = ".empty";
 const BUILD_MAX_PIDS: u32 = 256;
 /// `PATH` inside the sandbox; `npm` is a `#!/usr/bin/env node` script.
 const SANDBOX_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+/// Prints the interpreter's and pip's versions (part of the deps key).
+const PYTHON_TOOLCHAIN: &str = "import sys\ntry:\n    import pip\n    v = pip.__version__\nexcept Exception:\n    v = 'none'\nprint(sys.version.split()[0], 'pip', v)";
 
 /// Where builds go and what they may use.
 #[derive(Debug, Clone)]
@@ -106,6 +112,9 @@ impl BuildConfig {
 /// One build to do.
 #[derive(Clone)]
 pub struct BuildRequest {
+    /// The namespace the code belongs to; builds and installs are never shared
+    /// across namespaces.
+    pub namespace: String,
     pub family: RuntimeFamily,
     /// `module.function`.
     pub entrypoint: String,
@@ -120,6 +129,7 @@ pub struct BuildRequest {
 impl std::fmt::Debug for BuildRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BuildRequest")
+            .field("namespace", &self.namespace)
             .field("family", &self.family)
             .field("entrypoint", &self.entrypoint)
             .field("code_sha256", &self.code_sha256)
@@ -199,6 +209,9 @@ pub struct Builder {
     /// Deps keys that builds in progress use (with how many), which a
     /// collection must not take even though no finished build names them yet.
     building_with: Mutex<HashMap<String, usize>>,
+    /// The Python and Node toolchain versions (interpreter, pip, npm), asked
+    /// once: they are part of every deps key.
+    toolchains: [tokio::sync::OnceCell<String>; 2],
 }
 
 impl std::fmt::Debug for Builder {
@@ -246,6 +259,7 @@ impl Builder {
             locks: Mutex::new(HashMap::new()),
             step_counter: AtomicU64::new(0),
             building_with: Mutex::new(HashMap::new()),
+            toolchains: Default::default(),
         })
     }
 
@@ -272,7 +286,12 @@ impl Builder {
                 req.family.as_str()
             )));
         }
-        let key = build_key(req.family, &req.entrypoint, &req.code_sha256);
+        let key = build_key(
+            &req.namespace,
+            req.family,
+            &req.entrypoint,
+            &req.code_sha256,
+        );
         // Under the key's lock, so a collection (which takes it too) either
         // removed the build before (and it is built again) or sees it renewed.
         let lock = self.lock(&format!("build/{key}"));
@@ -387,8 +406,8 @@ impl Builder {
         ));
 
         let deps_key = match req.family {
-            RuntimeFamily::Python3 => self.python_deps(key, code.path(), log, deadline).await?,
-            RuntimeFamily::Nodejs => self.node_deps(key, code.path(), log, deadline).await?,
+            RuntimeFamily::Python3 => self.python_deps(key, req, code.path(), deadline).await?,
+            RuntimeFamily::Nodejs => self.node_deps(key, req, code.path(), deadline).await?,
             RuntimeFamily::Go | RuntimeFamily::Custom => None,
         };
         // Held until this build is published or abandoned; with the renewal
@@ -434,25 +453,21 @@ impl Builder {
     async fn python_deps(
         &self,
         key: &str,
+        req: &BuildRequest,
         code: &Path,
-        log: &LogFn,
         deadline: Instant,
     ) -> Result<Option<String>, BuildError> {
-        let manifest = code.join("requirements.txt");
-        if !manifest.is_file() {
+        let log = &req.log;
+        if !code.join("requirements.txt").is_file() {
             log("==> no requirements.txt, nothing to install");
             return Ok(None);
         }
-        let bytes = std::fs::read(&manifest).map_err(io_err("reading requirements.txt"))?;
-        let mut deps_key = keys::DepsKey::new(RuntimeFamily::Python3);
-        deps_key.add("requirements.txt", &bytes);
-        for path in keys::requirement_paths(&String::from_utf8_lossy(&bytes)) {
-            deps_key
-                .add_local(code, &path)
-                .map_err(io_err(format!("reading {path}")))?;
-        }
-        let deps_key = deps_key.finish();
+        let (inputs, deps_key) = self
+            .deps_inputs(req, code, RuntimeFamily::Python3, inputs::python)
+            .await?;
         self.ensure_deps(&deps_key, "requirements.txt", log, async |target| {
+            // pip sees only the files the key covers.
+            let staged = self.stage(code, inputs, ".tmp-input-").await?;
             let spec = self.spec(
                 key,
                 "pip",
@@ -472,7 +487,7 @@ impl Builder {
                     "-r",
                     "requirements.txt",
                 ],
-                vec![ro(code, "/code"), rw(target, "/deps")],
+                vec![ro(staged.path(), "/code"), rw(target, "/deps")],
                 "/code",
                 true,
                 vec![("PYTHONUNBUFFERED".into(), "1".into())],
@@ -488,47 +503,29 @@ impl Builder {
     async fn node_deps(
         &self,
         key: &str,
+        req: &BuildRequest,
         code: &Path,
-        log: &LogFn,
         deadline: Instant,
     ) -> Result<Option<String>, BuildError> {
-        let manifest = code.join("package.json");
-        if !manifest.is_file() {
+        let log = &req.log;
+        if !code.join("package.json").is_file() {
             log("==> no package.json, nothing to install");
             return Ok(None);
         }
-        let bytes = std::fs::read(&manifest).map_err(io_err("reading package.json"))?;
-        let mut deps_key = keys::DepsKey::new(RuntimeFamily::Nodejs);
-        deps_key.add("package.json", &bytes);
-        let lock = code.join("package-lock.json");
-        if lock.is_file() {
-            deps_key.add(
-                "package-lock.json",
-                &std::fs::read(&lock).map_err(io_err("reading package-lock.json"))?,
-            );
-        }
-        for path in keys::package_json_paths(&bytes) {
-            deps_key
-                .add_local(code, &path)
-                .map_err(io_err(format!("reading {path}")))?;
-        }
-        let deps_key = deps_key.finish();
+        let (inputs, deps_key) = self
+            .deps_inputs(req, code, RuntimeFamily::Nodejs, inputs::node)
+            .await?;
         self.ensure_deps(&deps_key, "package.json", log, async |target| {
             // npm writes into the project (node_modules, the lock file, packed
-            // `file:` folders), so it runs in a writable copy of the code.
-            let work = tempfile::Builder::new()
-                .prefix(".tmp-npm-")
-                .tempdir_in(&self.cfg.deps_dir)
-                .map_err(io_err("creating the npm work directory"))?;
-            let (src, dst) = (code.to_path_buf(), work.path().to_path_buf());
+            // `file:` folders), so it runs in a writable copy of the files the
+            // key covers, and of nothing else.
+            let work = self.stage(code, inputs, ".tmp-npm-").await?;
+            let dst = work.path().to_path_buf();
             let sandbox = self.sandbox.clone();
-            tokio::task::spawn_blocking(move || {
-                tree::copy_tree(&src, &dst)?;
-                tree::grant_tree(&sandbox, &dst)
-            })
-            .await
-            .map_err(|e| BuildError::Internal(format!("copy task: {e}")))?
-            .map_err(io_err("preparing the npm work directory"))?;
+            tokio::task::spawn_blocking(move || tree::grant_tree(&sandbox, &dst))
+                .await
+                .map_err(|e| BuildError::Internal(format!("copy task: {e}")))?
+                .map_err(io_err("preparing the npm work directory"))?;
 
             let spec = self.spec(
                 key,
@@ -569,6 +566,110 @@ impl Builder {
         })
         .await
         .map(Some)
+    }
+
+    /// The files `find` says the install reads, and the deps key over them, the
+    /// namespace and the toolchain. A manifest reaching outside the archive
+    /// fails the build with a message naming it.
+    async fn deps_inputs(
+        &self,
+        req: &BuildRequest,
+        code: &Path,
+        family: RuntimeFamily,
+        find: fn(&Path) -> Result<inputs::Inputs, inputs::InputError>,
+    ) -> Result<(inputs::Inputs, String), BuildError> {
+        let toolchain = self.toolchain(family).await;
+        let (code, ns) = (code.to_path_buf(), req.namespace.clone());
+        tokio::task::spawn_blocking(move || {
+            let found = find(&code).map_err(|e| match e {
+                inputs::InputError::Refused(message) => BuildError::Failed { message },
+                inputs::InputError::Io { path, source } => BuildError::Io {
+                    context: format!("reading {path}"),
+                    source,
+                },
+            })?;
+            let mut key = keys::DepsKey::new(&ns, family, &toolchain);
+            for rel in found.files() {
+                let bytes =
+                    std::fs::read(code.join(rel)).map_err(io_err(format!("reading {rel}")))?;
+                key.add(&format!("file:{rel}"), &bytes);
+            }
+            Ok((found, key.finish()))
+        })
+        .await
+        .map_err(|e| BuildError::Internal(format!("hashing task: {e}")))?
+    }
+
+    /// A fresh directory under the deps directory holding a copy of `inputs`.
+    async fn stage(
+        &self,
+        code: &Path,
+        inputs: inputs::Inputs,
+        prefix: &str,
+    ) -> Result<tempfile::TempDir, BuildError> {
+        let dir = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in(&self.cfg.deps_dir)
+            .map_err(io_err("creating the install directory"))?;
+        let (src, dst) = (code.to_path_buf(), dir.path().to_path_buf());
+        tokio::task::spawn_blocking(move || inputs::stage(&src, &inputs, &dst))
+            .await
+            .map_err(|e| BuildError::Internal(format!("copy task: {e}")))?
+            .map_err(io_err("copying the install's files"))?;
+        Ok(dir)
+    }
+
+    /// The version of what installs `family`'s dependencies, asked once per
+    /// server: `3.11.2 pip 23.0.1`, `v20.20.2 npm 11.19.1`. A toolchain that cannot
+    /// say is keyed as `unavailable` (its installs fail anyway).
+    async fn toolchain(&self, family: RuntimeFamily) -> String {
+        let (cell, queries): (_, Vec<(&Path, Vec<&str>)>) = match family {
+            RuntimeFamily::Nodejs => (
+                &self.toolchains[1],
+                vec![
+                    (self.cfg.node.as_path(), vec!["--version"]),
+                    (self.cfg.npm.as_path(), vec!["--version"]),
+                ],
+            ),
+            _ => (
+                &self.toolchains[0],
+                vec![(
+                    self.cfg.python.as_path(),
+                    vec!["-I", "-c", PYTHON_TOOLCHAIN],
+                )],
+            ),
+        };
+        cell.get_or_init(async || {
+            let mut parts = Vec::new();
+            for (program, args) in queries {
+                let out = tokio::time::timeout(
+                    Duration::from_secs(60),
+                    tokio::process::Command::new(program)
+                        .args(args)
+                        .env_clear()
+                        .env("PATH", SANDBOX_PATH)
+                        .env("HOME", "/nonexistent")
+                        .stdin(std::process::Stdio::null())
+                        .kill_on_drop(true)
+                        .output(),
+                )
+                .await;
+                match out {
+                    Ok(Ok(out)) if out.status.success() => {
+                        parts.push(String::from_utf8_lossy(&out.stdout).trim().to_string());
+                    }
+                    other => {
+                        tracing::warn!(program = %program.display(), result = ?other.map(|r| r.map(|o| o.status)), "cannot tell the toolchain version");
+                        parts.push("unavailable".into());
+                    }
+                }
+            }
+            let version = parts.join(" npm ");
+            tracing::info!(family = family.as_str(), %version, "dependency toolchain");
+            version
+        })
+        .await
+        .clone()
     }
 
     /// Makes `deps_dir/<deps_key>` exist: reused when installed before, otherwise

@@ -137,6 +137,7 @@ fn fixture(name: &str) -> Vec<u8> {
 
 fn request(family: RuntimeFamily, archive: Bytes, lines: &Lines) -> BuildRequest {
     BuildRequest {
+        namespace: "default".into(),
         family,
         entrypoint: "handler.handle".into(),
         code_sha256: sless_blob::sha256_hex(&archive),
@@ -176,6 +177,7 @@ async fn python_without_deps_builds_once_then_is_reused() {
     assert_eq!(
         out.build_key,
         build_key(
+            "default",
             RuntimeFamily::Python3,
             "handler.handle",
             &sless_blob::sha256_hex(&archive)
@@ -224,7 +226,12 @@ async fn missing_module_and_function_are_named() {
 
     let archive = zip_of(&[("handler.py", b"def other(e):\n    pass\n")]);
     let req = request(RuntimeFamily::Python3, archive, &lines);
-    let key = build_key(req.family, &req.entrypoint, &req.code_sha256);
+    let key = build_key(
+        &req.namespace,
+        req.family,
+        &req.entrypoint,
+        &req.code_sha256,
+    );
     let message = failed_message(env.builder.build(req).await);
     assert_eq!(
         message,
@@ -440,7 +447,12 @@ async fn a_build_over_its_time_is_killed() {
         b"import time\ntime.sleep(300)\ndef handle(e):\n    pass\n",
     )]);
     let req = request(RuntimeFamily::Python3, archive, &Lines::default());
-    let key = build_key(req.family, &req.entrypoint, &req.code_sha256);
+    let key = build_key(
+        &req.namespace,
+        req.family,
+        &req.entrypoint,
+        &req.code_sha256,
+    );
     let started = std::time::Instant::now();
     let result = env.builder.build(req).await;
     assert!(

@@ -237,7 +237,7 @@ impl Collector {
         }
         for f in &functions {
             if let (Some(sha), Ok(rt)) = (&f.code_sha256, Runtime::parse(&f.spec.runtime)) {
-                keep_builds.insert(build_key(rt.family, &f.spec.entrypoint, sha));
+                keep_builds.insert(build_key(&f.namespace, rt.family, &f.spec.entrypoint, sha));
             }
         }
         for j in &jobs {
@@ -250,7 +250,7 @@ impl Collector {
                     .entrypoint
                     .clone()
                     .unwrap_or_else(|| rt.family.default_entrypoint().to_string());
-                keep_builds.insert(build_key(rt.family, &entrypoint, sha));
+                keep_builds.insert(build_key(&j.namespace, rt.family, &entrypoint, sha));
             }
         }
 

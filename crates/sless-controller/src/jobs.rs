@@ -295,6 +295,7 @@ impl Jobs {
         let built = self
             .builder
             .build(BuildRequest {
+                namespace: ns.to_string(),
                 family: runtime.family,
                 entrypoint: entrypoint.clone(),
                 code_sha256: sha.clone(),

@@ -370,6 +370,7 @@ impl Controller {
         let sink = self.logs.sink(ns, name);
         let log_sink = sink.clone();
         let request = BuildRequest {
+            namespace: ns.to_string(),
             family: runtime.family,
             entrypoint: record.spec.entrypoint.clone(),
             code_sha256: sha.clone(),
