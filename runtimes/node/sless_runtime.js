@@ -37,7 +37,7 @@ const MAX_EVENT_DEPTH = 1000;
 const MAX_RESULT_BYTES = 256 * 1024 * 1024;
 // A line a handler writes without a newline is passed on in pieces of this many characters, so
 // an endless line costs neither the instance nor the platform unbounded memory.
-const MAX_LINE_CHARS = 16 * 1024;
+const MAX_LINE_CHARS = 8 * 1024;
 const DEFAULT_ENTRYPOINT = 'handler.handle';
 // How long in-flight requests may run after SIGTERM before the process exits anyway.
 const SHUTDOWN_GRACE_MS = 10_000;

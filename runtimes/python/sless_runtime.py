@@ -56,7 +56,7 @@ MAX_RESULT_BYTES = 256 * 1024 * 1024
 
 # A line a handler writes without a newline is passed on in pieces of this size, so an endless
 # line costs neither the instance nor the platform unbounded memory.
-MAX_LINE_CHARS = 16 * 1024
+MAX_LINE_CHARS = 8 * 1024
 
 DEFAULT_ENTRYPOINT = "handler.handle"
 

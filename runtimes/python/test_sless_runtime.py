@@ -885,7 +885,7 @@ class LongLineTest(unittest.TestCase):
         finally:
             shim.stop()
         self.assertEqual(
-            lines, ["[r1] " + "x" * 16384, "[r1] " + "x" * 16384, "[r1] " + "x" * (40000 - 32768)]
+            lines, ["[r1] " + "x" * 8192] * 4 + ["[r1] " + "x" * (40000 - 4 * 8192)]
         )
 
 
