@@ -745,3 +745,58 @@ fn utf8_cut(bytes: &[u8]) -> usize {
         _ => bytes.len(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn logged(output: &[u8]) -> Vec<String> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = sless_logs::LogStore::new(dir.path().to_path_buf(), 1 << 24).expect("logs");
+        let sink = Arc::new(SinkSlot::new(Some(store.sink("ns", "f"))));
+        pump(output, sink, "stdout", None).await;
+        store
+            .tail("ns", "f", 100)
+            .expect("tail")
+            .into_iter()
+            .map(|line| {
+                // `<time> [stdout] <text>`
+                let text = line.split_once(" [stdout] ").expect("stream tag").1;
+                text.to_string()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn long_lines_are_logged_in_pieces_with_a_marker() {
+        let mut output = vec![b'x'; 2 * MAX_PIECE + 10];
+        output.extend_from_slice(b"\nshort\nno newline at the end");
+        let lines = logged(&output).await;
+        let piece = format!("{}{SPLIT_MARKER}", "x".repeat(MAX_PIECE));
+        assert_eq!(
+            lines,
+            vec![
+                piece.clone(),
+                piece,
+                "x".repeat(10),
+                "short".to_string(),
+                "no newline at the end".to_string(),
+            ]
+        );
+        assert!(lines[0].len() <= sless_logs::MAX_LINE);
+    }
+
+    #[tokio::test]
+    async fn pieces_never_split_a_character() {
+        // One ASCII byte first, so the piece boundary falls inside a 3-byte character.
+        let mut output = b"a".to_vec();
+        output.extend("€".repeat(MAX_PIECE / 3 + 5).as_bytes());
+        let lines = logged(&output).await;
+        assert_eq!(lines.len(), 2);
+        for line in &lines {
+            assert!(!line.contains('\u{fffd}'), "a character was cut");
+        }
+        let joined = lines[0].trim_end_matches(SPLIT_MARKER).to_string() + &lines[1];
+        assert_eq!(joined.as_bytes(), output.as_slice());
+    }
+}

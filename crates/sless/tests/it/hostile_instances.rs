@@ -190,7 +190,7 @@ fn server_pid(server: &Server) -> u32 {
             .split(|b| *b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        if args.iter().any(|a| a == "serve") && args.iter().any(|a| *a == needle) {
+        if args.iter().any(|a| a == "serve") && args.contains(&needle) {
             return pid;
         }
     }
