@@ -474,10 +474,6 @@ impl Pool {
                 })
             }
             Err(CallError::Failed(why)) => {
-                // A connection that failed or an answer that broke the protocol means the
-                // instance's server is not serving as it should (its loop may be dead while
-                // the process lives on): it takes no more requests and is replaced.
-                self.retire(&instance, "a request failed without an answer");
                 // Give the exit status a moment to arrive so the error can say what happened.
                 let mut exit = instance.exit.clone();
                 let exited = tokio::time::timeout(
@@ -487,10 +483,20 @@ impl Pool {
                 .await
                 .ok()
                 .and_then(|r| r.ok().and_then(|e| e.clone()));
-                Err(InvokeError::InstanceFailed(match exited {
-                    Some(exit) => format!("function instance {exit} without answering"),
-                    None => why,
-                }))
+                match exited {
+                    // The watcher reports the exit and replaces the instance.
+                    Some(exit) => Err(InvokeError::InstanceFailed(format!(
+                        "function instance {exit} without answering"
+                    ))),
+                    None => {
+                        // Alive, yet the connection failed or the answer broke the
+                        // protocol: its server is not serving as it should (its loop may
+                        // be dead while the process lives on), so it takes no more
+                        // requests and is replaced.
+                        self.retire(&instance, "a request failed without an answer");
+                        Err(InvokeError::InstanceFailed(why))
+                    }
+                }
             }
         }
     }
