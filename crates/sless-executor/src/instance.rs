@@ -44,7 +44,7 @@ pub(crate) struct Instance {
     conns: Mutex<Vec<Conn<UnixStream>>>,
     pub inflight: AtomicU32,
     pub state: AtomicU8,
-    /// Its cgroup is frozen (see [`crate::FREEZE_AFTER`]); changed only under the
+    /// Its cgroup is frozen (see `ExecutorConfig::freeze_after`); changed only under the
     /// pool's lock, so a freeze never races the pick of a request.
     frozen: AtomicBool,
     killer: Killer,

@@ -50,13 +50,16 @@ pub struct ExecutorConfig {
     pub sandbox_gid: u32,
     /// Generic instances kept pre-started per runtime family (0 disables the warm pool).
     pub prewarm_per_runtime: usize,
+    /// How long an instance must have been idle (no request in flight) before it is
+    /// frozen: its processes get no CPU until the next request thaws it. Checked once a
+    /// second; `None` never freezes.
+    pub freeze_after: Option<Duration>,
 }
 
 /// CPU limit of an instance when nothing else says (one CPU).
 pub const DEFAULT_CPU_MILLICORES: u32 = 1000;
 
-/// How long an instance must have been idle (no request in flight) before it is
-/// frozen: its processes get no CPU until the next request thaws it.
+/// The default of [`ExecutorConfig::freeze_after`].
 pub const FREEZE_AFTER: Duration = Duration::from_secs(1);
 
 /// One revision of a function, as the executor runs it.

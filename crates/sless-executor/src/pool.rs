@@ -376,13 +376,16 @@ impl Pool {
         }
     }
 
-    /// Freezes the serving instances that have been idle for [`crate::FREEZE_AFTER`]:
+    /// Freezes the serving instances that have been idle for the configured time:
     /// what a handler left running after its response gets no CPU until the next
     /// request thaws the instance.
     pub fn freeze_idle(&self) {
+        let Some(after) = self.cfg.freeze_after else {
+            return;
+        };
         let st = self.lock();
         for instance in &st.instances {
-            instance.freeze_if_idle(crate::FREEZE_AFTER);
+            instance.freeze_if_idle(after);
         }
     }
 
