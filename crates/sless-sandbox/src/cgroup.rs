@@ -260,8 +260,14 @@ impl Hierarchy {
                         tracing::debug!(path = %flag.display(), %err, "cannot enable memory.use_hierarchy");
                     }
                 }
-                for root in [pids, cpu, cpuacct, freezer].into_iter().flatten() {
+                if let Some(root) = pids {
                     create_dir(&root.join(name))?;
+                }
+                // Optional: where these cannot be made, instances start without them.
+                for root in [cpu, cpuacct, freezer].into_iter().flatten() {
+                    if let Err(err) = create_dir(&root.join(name)) {
+                        tracing::warn!(%err, "cannot create the instances' parent cgroup; its limit is NOT enforced");
+                    }
                 }
                 Ok(())
             }
@@ -271,7 +277,7 @@ impl Hierarchy {
                 pids,
                 cpu,
             } => {
-                let wanted: Vec<&str> = [(*memory, "memory"), (*pids, "pids"), (*cpu, "cpu")]
+                let wanted: Vec<&str> = [(*memory, "memory"), (*pids, "pids")]
                     .into_iter()
                     .filter_map(|(on, c)| on.then_some(c))
                     .collect();
@@ -281,7 +287,16 @@ impl Hierarchy {
                 enable_controllers(root, &wanted)?;
                 let parent = root.join(name);
                 create_dir(&parent)?;
-                enable_controllers(&parent, &wanted)
+                enable_controllers(&parent, &wanted)?;
+                // The cpu controller came later than the memory and pids limits: without it
+                // instances still start, and `set_cpu_limit` finds no `cpu.max`.
+                if *cpu
+                    && let Err(err) = enable_controllers(root, &["cpu"])
+                        .and_then(|()| enable_controllers(&parent, &["cpu"]))
+                {
+                    tracing::warn!(%err, "cannot enable the cpu controller; CPU limits are NOT enforced");
+                }
+                Ok(())
             }
         }
     }
@@ -310,12 +325,12 @@ impl Hierarchy {
                 freezer,
             } => {
                 let at = |root: &Option<PathBuf>| root.as_ref().map(|r| r.join(name).join(id));
-                let cgroup = V1Cgroup {
+                let mut cgroup = V1Cgroup {
                     memory: at(memory),
                     pids: at(pids),
-                    cpu: at(cpu),
-                    cpuacct: at(cpuacct),
-                    freezer: at(freezer),
+                    cpu: None,
+                    cpuacct: None,
+                    freezer: None,
                 };
                 for dir in cgroup.dirs() {
                     if let Err(err) = fs::create_dir(&dir) {
@@ -324,6 +339,21 @@ impl Hierarchy {
                         return Err(with_path(err, &dir));
                     }
                 }
+                // CPU and freezer came later than the memory and pids limits: an instance
+                // still starts (without them) where their cgroups cannot be made.
+                let optional = |root: &Option<PathBuf>| {
+                    let dir = at(root)?;
+                    match fs::create_dir(&dir) {
+                        Ok(()) => Some(dir),
+                        Err(err) => {
+                            tracing::warn!(path = %dir.display(), %err, "cannot create an instance cgroup; its limit is NOT enforced");
+                            None
+                        }
+                    }
+                };
+                cgroup.cpu = optional(cpu);
+                cgroup.cpuacct = optional(cpuacct);
+                cgroup.freezer = optional(freezer);
                 Ok(Arc::new(cgroup))
             }
             Hierarchy::V2 { root, cpu, .. } => {
@@ -569,11 +599,12 @@ impl Cgroup for V2Cgroup {
     }
 
     fn set_cpu_limit(&self, millicores: u32) -> io::Result<bool> {
-        if !self.cpu {
+        let file = self.dir.join("cpu.max");
+        if !self.cpu || !file.exists() {
             return Ok(false);
         }
         let max = format!("{} {CPU_PERIOD_US}", cpu_quota_us(millicores));
-        write_file(&self.dir.join("cpu.max"), &max)?;
+        write_file(&file, &max)?;
         Ok(true)
     }
 
@@ -852,6 +883,9 @@ cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
         );
         let cg = h.create("sless", "i-1").expect("create");
         let dir = root.join("sless/i-1");
+        // No `cpu.max` (the controller could not be enabled): not applied, no error.
+        assert!(!cg.set_cpu_limit(250).expect("cpu"));
+        fs::write(dir.join("cpu.max"), "max 100000").expect("write");
         assert!(cg.set_cpu_limit(250).expect("cpu"));
         assert_eq!(
             fs::read_to_string(dir.join("cpu.max")).expect("read"),
