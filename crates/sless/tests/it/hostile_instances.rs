@@ -25,6 +25,10 @@ def handle(event):
     if path == "/break":
         # Breaks the shim's server itself (it runs as __main__), not just this request.
         __main__.build_response = None
+    if path == "/garble":
+        # From now on the shim answers every request without a Content-Length, which
+        # breaks the instance protocol, while the process lives on.
+        __main__.build_response = lambda *args, **kwargs: b"HTTP/1.1 200 OK\r\n\r\n"
     body = event["body"]
     return {"type": type(body).__name__, "len": len(body) if isinstance(body, (str, list)) else None}
 "#;
@@ -32,6 +36,10 @@ def handle(event):
 const NODE_ECHO: &str = r#"
 exports.handle = async (event) => {
   if (!(event && typeof event === 'object' && 'path' in event)) event = { path: '/', body: event };
+  if (event.path === '/break') {
+    // Breaks how the shim frames its answer, i.e. the server itself.
+    Buffer.byteLength = () => { throw new Error('framing is broken'); };
+  }
   if (event.path === '/deep-result') {
     let value = [];
     for (let i = 0; i < 1e6; i++) value = [value];
@@ -146,33 +154,59 @@ async fn deeply_nested_bodies_and_results_get_an_answer_and_the_instance_keeps_s
 #[tokio::test]
 async fn an_instance_whose_serving_loop_died_is_replaced_even_without_a_timeout() {
     let server = Server::start().await;
-    server
-        .deploy(
-            "breaks",
-            json!({"runtime": "python3", "timeout_sec": 0, "min_instances": 1, "max_instances": 1}),
-            &[("handler.py", PY_ECHO)],
-        )
-        .await;
-    // The request that breaks the server gets a 502, not a hang.
-    let (status, text) = post_raw(&server, "breaks", "/break", b"{}".to_vec()).await;
-    assert_eq!(status, 502, "{text}");
-    server
-        .wait_log("breaks", "serving loop failed; exiting")
-        .await;
-    // A replacement serves the following requests.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (status, text) = post_raw(&server, "breaks", "/", b"[1]".to_vec()).await;
-        if status == 200 {
-            let answer: Value = serde_json::from_str(&text).unwrap();
-            assert_eq!(answer, json!({"len": 1, "type": "list"}));
-            break;
+    for (name, runtime, file, code, path, log) in [
+        (
+            "breaks-py",
+            "python3",
+            "handler.py",
+            PY_ECHO,
+            "/break",
+            "serving loop failed; exiting",
+        ),
+        (
+            "breaks-node",
+            "nodejs20",
+            "handler.js",
+            NODE_ECHO,
+            "/break",
+            "serving loop failed; exiting",
+        ),
+        // Alive but answering outside the protocol: the executor retires it.
+        (
+            "garbles",
+            "python3",
+            "handler.py",
+            PY_ECHO,
+            "/garble",
+            "is recycled after a request failed without an answer",
+        ),
+    ] {
+        server
+            .deploy(
+                name,
+                json!({"runtime": runtime, "timeout_sec": 0, "min_instances": 1, "max_instances": 1}),
+                &[(file, code)],
+            )
+            .await;
+        // The request that breaks the server gets a 502, not a hang.
+        let (status, text) = post_raw(&server, name, path, b"{}".to_vec()).await;
+        assert_eq!(status, 502, "{name}: {text}");
+        // A replacement serves the following requests.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (status, text) = post_raw(&server, name, "/", b"[1]".to_vec()).await;
+            if status == 200 {
+                let answer: Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(answer, json!({"len": 1, "type": "list"}), "{name}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} never served again: {status} {text}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert!(
-            Instant::now() < deadline,
-            "never served again: {status} {text}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        server.wait_log(name, log).await;
     }
 }
 
