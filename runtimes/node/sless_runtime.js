@@ -26,6 +26,19 @@ const { AsyncLocalStorage } = require('node:async_hooks');
 // Exit status for an entrypoint that cannot be loaded; the platform reports it as a load error
 // rather than a crash.
 const EXIT_LOAD_ERROR = 3;
+// Exit status when the serving loop itself failed (not a handler: those are answered with 500).
+// An instance that cannot serve must not look alive, so the shim exits and the platform starts
+// a replacement.
+const EXIT_SERVE_ERROR = 4;
+// Events nested deeper than this are refused before parsing. JSON.parse builds any depth, and a
+// few megabytes of `[` become hundreds of megabytes of arrays; the platform itself never sends
+// more than 128 levels of a request body.
+const MAX_EVENT_DEPTH = 1000;
+// Largest result body; the platform refuses larger responses, so the shim says why instead.
+const MAX_RESULT_BYTES = 256 * 1024 * 1024;
+// A line a handler writes without a newline is passed on in pieces of this many characters, so
+// an endless line costs neither the instance nor the platform unbounded memory.
+const MAX_LINE_CHARS = 8 * 1024;
 const DEFAULT_ENTRYPOINT = 'handler.handle';
 // How long in-flight requests may run after SIGTERM before the process exits anyway.
 const SHUTDOWN_GRACE_MS = 10_000;
@@ -63,6 +76,14 @@ function tagStream(stream) {
     }
     const last = text.lastIndexOf('\n');
     if (last < 0) {
+      if (text.length > MAX_LINE_CHARS) {
+        // An endless line: pass it on in pieces rather than hold it all.
+        const cut = text.length - (text.length % MAX_LINE_CHARS);
+        const pieces = [];
+        for (let i = 0; i < cut; i += MAX_LINE_CHARS) pieces.push(`[${rid}] ${text.slice(i, i + MAX_LINE_CHARS)}\n`);
+        write(pieces.join(''));
+        text = text.slice(cut);
+      }
       if (text) partial.set(rid, text);
       if (callback) process.nextTick(callback);
       return true;
@@ -203,9 +224,51 @@ function encodeResult(result) {
     if (body === undefined) {
       return [500, errorBody(`result is not JSON serializable: ${typeof value}`)];
     }
+    // Characters, not bytes: a cheap bound first, the exact size only near the limit.
+    if (body.length * 3 > MAX_RESULT_BYTES) {
+      const bytes = Buffer.byteLength(body, 'utf8');
+      if (bytes > MAX_RESULT_BYTES) {
+        return [500, errorBody(`result is too large: ${bytes} bytes (at most ${MAX_RESULT_BYTES})`)];
+      }
+    }
     return [200, body];
   } catch (err) {
+    if (err instanceof RangeError && /call stack/i.test(err.message)) {
+      return [500, errorBody('result is not JSON serializable: nested too deeply')];
+    }
     return [500, errorBody(`result is not JSON serializable: ${errorMessage(err)}`)];
+  }
+}
+
+/** Whether the JSON text in `buf` opens more than `limit` arrays/objects at once. */
+function nestedDeeperThan(buf, limit) {
+  if (buf.length <= limit) return false;
+  let depth = 0;
+  let inString = false;
+  for (let i = 0; i < buf.length; i++) {
+    const c = buf[i];
+    if (inString) {
+      if (c === 0x5c) i++; // backslash: skip the escaped byte
+      else if (c === 0x22) inString = false;
+    } else if (c === 0x22) {
+      inString = true;
+    } else if (c === 0x5b || c === 0x7b) {
+      if (++depth > limit) return true;
+    } else if (c === 0x5d || c === 0x7d) {
+      depth--;
+    }
+  }
+  return false;
+}
+
+/** Decodes an invocation body; throws an Error whose message says why it is not an event. */
+function decodeEvent(buf) {
+  if (nestedDeeperThan(buf, MAX_EVENT_DEPTH)) throw new Error('nested too deeply');
+  try {
+    return JSON.parse(buf.toString('utf8'));
+  } catch (err) {
+    if (err instanceof RangeError) throw new Error('nested too deeply');
+    throw err;
   }
 }
 
@@ -355,6 +418,15 @@ async function loadInto(app, raw) {
   return [200, '{"ok":true}'];
 }
 
+/** Reports `err` and ends the process with EXIT_SERVE_ERROR; the platform replaces the instance. */
+function fatal(what, err) {
+  try {
+    process.stderr.write(`sless: ${what}; exiting\n${(err && err.stack) || String(err)}\n`);
+  } finally {
+    process.exit(EXIT_SERVE_ERROR);
+  }
+}
+
 function exitAfterFailedLoad(app) {
   try {
     // An inherited socket (no path) belongs to the platform.
@@ -373,9 +445,9 @@ function makeServer(app) {
     let event = null;
     if (request.body.length > 0) {
       try {
-        event = JSON.parse(request.body.toString('utf8'));
+        event = decodeEvent(request.body);
       } catch (err) {
-        return [400, errorBody(`invalid JSON event: ${err.message}`)];
+        return [400, errorBody(`invalid JSON event: ${errorMessage(err)}`)];
       }
     }
     const headers = request.headers;
@@ -492,7 +564,7 @@ function makeServer(app) {
         try {
           request = nextRequest();
         } catch (err) {
-          if (!(err instanceof HttpError)) throw err;
+          if (!(err instanceof HttpError)) fatal('serving loop failed', err);
           closed = true;
           socket.end(response(err.status, errorBody(err.message), 'application/json', true));
           return;
@@ -506,7 +578,14 @@ function makeServer(app) {
           }
           return;
         }
-        const result = route(request);
+        let result;
+        try {
+          result = route(request);
+        } catch (err) {
+          // One bad request must not end the loop.
+          log(`request ${request.path}: ${describe(err)}`);
+          result = [500, errorBody(errorMessage(err))];
+        }
         if (Array.isArray(result)) {
           answer(request, result);
           continue;
@@ -520,7 +599,9 @@ function makeServer(app) {
           if (state.stopping && state.inflight === 0 && state.onDrained) state.onDrained();
           pump();
         };
-        result.then(done, (err) => done([500, errorBody(errorMessage(err))]));
+        result
+          .then(done, (err) => done([500, errorBody(errorMessage(err))]))
+          .catch((err) => fatal('serving loop failed', err));
       }
     };
 
@@ -737,4 +818,4 @@ if (require.main === module) {
   );
 }
 
-module.exports = { encodeResult, loadEntrypoint, Context };
+module.exports = { encodeResult, decodeEvent, nestedDeeperThan, loadEntrypoint, Context };

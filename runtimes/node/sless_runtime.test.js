@@ -186,6 +186,8 @@ exports.handle = async (event, context) => {
     case 'buffer': return Buffer.from('café');
     case 'bigint': return 10n;
     case 'fn': return () => 1;
+    case 'deep': { let v = []; for (let i = 0; i < 1e6; i++) v = [v]; return v; }
+    case 'circular': { const v = []; v.push(v); return v; }
     case 'raise': throw new Error('boom: ' + event.n);
     case 'raise-string': throw 'plain string';
     case 'reject': return Promise.reject(new TypeError('rejected'));
@@ -244,6 +246,29 @@ describe('running shim', () => {
       type: 'application/json',
       body: { error: 'result is not JSON serializable: function' },
     });
+  });
+
+  test('deeply nested events are 400 and the instance keeps serving', async () => {
+    // 2 MB of brackets would otherwise become hundreds of megabytes of arrays.
+    for (const body of ['['.repeat(2_000_000) + ']'.repeat(2_000_000), '{"a":'.repeat(5000) + '1' + '}'.repeat(5000)]) {
+      const res = await shim.request('POST', '/_sless/invoke', body, { 'content-length': Buffer.byteLength(body) });
+      assert.equal(res.status, 400);
+      assert.deepEqual(JSON.parse(res.body), { error: 'invalid JSON event: nested too deeply' });
+      assert.deepEqual((await shim.invoke({ kind: 'num' })).body, 42);
+    }
+    // Brackets inside strings are text, not nesting.
+    const text = { kind: 'echo', s: '['.repeat(5000) };
+    assert.deepEqual((await shim.invoke(text)).body, text);
+  });
+
+  test('results that cannot be encoded are errors and the instance keeps serving', async () => {
+    assert.deepEqual((await shim.invoke({ kind: 'deep' })).body, {
+      error: 'result is not JSON serializable: nested too deeply',
+    });
+    const circular = await shim.invoke({ kind: 'circular' });
+    assert.equal(circular.status, 500);
+    assert.match(circular.body.error, /circular/i);
+    assert.deepEqual((await shim.invoke({ kind: 'num' })).body, 42);
   });
 
   test('throw and rejection are 500 and the instance keeps serving', async () => {
@@ -564,6 +589,39 @@ exports.handle = async (event) => {
       const m = /^\[r(\d)\] .* (\d)$/.exec(line);
       assert.ok(m && m[1] === m[2], line);
     }
+  });
+});
+
+describe('serving failures', () => {
+  test('a broken serving loop exits with status 4', async () => {
+    const shim = new Shim({
+      'handler.js': `exports.handle = async () => {
+  // Breaks how the shim frames its answer, i.e. the server itself.
+  Buffer.byteLength = () => { throw new Error('framing is broken'); };
+  return 'unreachable';
+};`,
+    });
+    await shim.waitReady();
+    await assert.rejects(shim.invoke({}));
+    assert.equal(await shim.exited, 4);
+    assert.match(shim.stderr, /sless: serving loop failed; exiting\nError: framing is broken/);
+    await shim.stop();
+  });
+
+  test('a line without a newline is passed on in pieces', async () => {
+    const shim = new Shim({
+      'handler.js': `exports.handle = async () => {
+  for (let i = 0; i < 40; i++) process.stdout.write('x'.repeat(1000));
+  return 'ok';
+};`,
+    });
+    await shim.waitReady();
+    assert.deepEqual((await shim.invoke({}, { 'x-sless-request-id': 'r1' })).body, 'ok');
+    assert.equal(await shim.stop(), 0);
+    assert.deepEqual(shim.stdout.split('\n').filter(Boolean), [
+      ...Array(4).fill(`[r1] ${'x'.repeat(8192)}`),
+      `[r1] ${'x'.repeat(40000 - 4 * 8192)}`,
+    ]);
   });
 });
 

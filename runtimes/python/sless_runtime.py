@@ -45,6 +45,19 @@ import traceback
 # rather than a crash.
 EXIT_LOAD_ERROR = 3
 
+# Exit status when the serving loop itself failed (not a handler: those are answered with 500).
+# An instance that cannot serve must not look alive, so the shim exits and the platform starts
+# a replacement.
+EXIT_SERVE_ERROR = 4
+
+# Largest result body; the platform refuses larger responses, so the shim answers an error
+# that says why instead.
+MAX_RESULT_BYTES = 256 * 1024 * 1024
+
+# A line a handler writes without a newline is passed on in pieces of this size, so an endless
+# line costs neither the instance nor the platform unbounded memory.
+MAX_LINE_CHARS = 8 * 1024
+
 DEFAULT_ENTRYPOINT = "handler.handle"
 
 # How long in-flight requests may run after SIGTERM before the process exits anyway.
@@ -89,6 +102,18 @@ _REASONS = {
 def log(message):
     """Writes one line to stderr, the function's log, in a single write so threads don't interleave."""
     sys.stderr.write("sless: %s\n" % message)
+
+
+def fatal(what):
+    """Reports the exception being handled and ends the process with :data:`EXIT_SERVE_ERROR`;
+    the platform sees the exit and replaces the instance."""
+    try:
+        sys.stderr.write("sless: %s; exiting\n%s" % (what, traceback.format_exc()))
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001 - exiting matters more than the message
+        pass
+    os._exit(EXIT_SERVE_ERROR)
 
 
 # --------------------------------------------------------------------------------------------
@@ -277,14 +302,35 @@ _encode_json = json.JSONEncoder(
 
 
 def encode_result(result):
-    """Returns ``(status, body)`` for a handler's return value."""
+    """Returns ``(status, body)`` for a handler's return value.
+
+    Whatever the value does while it is encoded (nests too deeply, refers to itself, exhausts
+    memory, raises from a ``default`` hook) is that request's error, never the server's.
+    """
     try:
         body = _encode_json(result).encode("utf-8")
-    except _Unserializable as exc:
-        return 500, error_body("result is not JSON serializable: %s" % exc)
-    except (TypeError, ValueError, RecursionError) as exc:
-        return 500, error_body("result is not JSON serializable: %s" % exc)
+    except RecursionError:
+        return 500, error_body("result is not JSON serializable: nested too deeply")
+    except MemoryError:
+        return 500, error_body("result is not JSON serializable: out of memory while encoding")
+    except Exception as exc:  # noqa: BLE001 - any failure to encode is this request's error
+        return 500, error_body("result is not JSON serializable: %s" % exception_message(exc))
+    if len(body) > MAX_RESULT_BYTES:
+        return 500, error_body(
+            "result is too large: %d bytes (at most %d)" % (len(body), MAX_RESULT_BYTES)
+        )
     return 200, body
+
+
+def decode_event(raw):
+    """Decodes an invocation body; raises :class:`ValueError` with the reason when it is not an
+    event the shim can pass on (not UTF-8, not JSON, nested too deeply, too big for memory)."""
+    try:
+        return _decode_json(raw.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except MemoryError:
+        raise ValueError("out of memory while decoding") from None
 
 
 def error_body(message):
@@ -680,7 +726,16 @@ class Server:
     # -- the loop ----------------------------------------------------------------------------
 
     def _lead(self, gen):
-        """Runs the epoll loop until deposed (then returns) or until the loop turns asyncio."""
+        """Runs the epoll loop until deposed (then returns) or until the loop turns asyncio.
+
+        Handlers' failures are answered inside; anything that escapes to here broke the server
+        itself, which then exits rather than keep a socket that accepts and never answers."""
+        try:
+            self._lead_loop(gen)
+        except BaseException:  # noqa: BLE001 - see above
+            fatal("serving loop failed")
+
+    def _lead_loop(self, gen):
         batch = self.batch
         poll = self.ep.poll
         while True:
@@ -707,11 +762,14 @@ class Server:
         loop.run_forever()
 
     def _on_epoll_async(self):
-        batch = self.batch
-        batch.extend(self.ep.poll(0))
-        while batch:
-            fd, events = batch.popleft()
-            self._on_event(fd, self.leader_gen)
+        try:
+            batch = self.batch
+            batch.extend(self.ep.poll(0))
+            while batch:
+                fd, events = batch.popleft()
+                self._on_event(fd, self.leader_gen)
+        except BaseException:  # noqa: BLE001 - asyncio would log it and go on without us
+            fatal("serving loop failed")
 
     def _on_event(self, fd, gen):
         conn = self.conns.get(fd)
@@ -812,7 +870,14 @@ class Server:
                     reader.want_continue = False
                     self._send(conn, CONTINUE, gen)
                 break
-            answer = None if request.decoded else app.route(request, self, conn)
+            if request.decoded:
+                answer = None
+            else:
+                try:
+                    answer = app.route(request, self, conn)
+                except Exception as exc:  # noqa: BLE001 - one bad request must not end the loop
+                    log("request %s: %s" % (request.path, _describe(exc)))
+                    answer = 500, error_body(exception_message(exc)), JSON_TYPE
             if answer is not None:
                 status, body, content_type = answer
                 self._respond(conn, request, status, body, content_type, gen)
@@ -910,6 +975,12 @@ class Server:
         task.add_done_callback(lambda t: self._finish_task(conn, request, t))
 
     def _finish_task(self, conn, request, task):
+        try:
+            self._finish_task_inner(conn, request, task)
+        except BaseException:  # noqa: BLE001 - see _on_epoll_async
+            fatal("serving loop failed")
+
+    def _finish_task_inner(self, conn, request, task):
         if task.cancelled():
             status, body = 500, error_body("handler cancelled")
         else:
@@ -978,7 +1049,7 @@ class App:
                 return 503, error_body("no function loaded"), JSON_TYPE
             if request.body:
                 try:
-                    request.body = _decode_json(request.body.decode("utf-8"))
+                    request.body = decode_event(request.body)
                 except ValueError as exc:
                     return 400, error_body("invalid JSON event: %s" % exc), JSON_TYPE
             else:
@@ -1082,6 +1153,13 @@ class TaggedStream:
         else:
             text_all = text
         if "\n" not in text_all:
+            if len(text_all) > MAX_LINE_CHARS:
+                # An endless line: pass it on in pieces rather than hold it all.
+                prefix = "[%s] " % rid
+                cut = len(text_all) - len(text_all) % MAX_LINE_CHARS
+                pieces = [text_all[i : i + MAX_LINE_CHARS] for i in range(0, cut, MAX_LINE_CHARS)]
+                self._stream.write("".join(prefix + p + "\n" for p in pieces))
+                text_all = text_all[cut:]
             if text_all:
                 self._partial[key] = text_all
             return len(text)
@@ -1216,7 +1294,7 @@ def _warm_up():
     reader = RequestReader()
     reader.buf += b"POST /_sless/invoke HTTP/1.1\r\nContent-Length: 2\r\nx-sless-request-id: w\r\n\r\n{}"
     request = reader.next_request()
-    _decode_json(request.body.decode("utf-8"))
+    decode_event(request.body)
     encode_result({"warm": [1, 2.5, None, True]})
     build_response(200, b"{}")
     inspect.signature(_warm_up)

@@ -226,6 +226,15 @@ def handle(event):
     if kind == "sleep":
         time.sleep(event["seconds"])
         return "slept"
+    if kind == "deep":
+        value = []
+        for _ in range(100000):
+            value = [value]
+        return value
+    if kind == "circular":
+        value = []
+        value.append(value)
+        return value
     if kind == "coroutine":
         async def later():
             await asyncio.sleep(0)
@@ -396,6 +405,26 @@ class RunningShimTest(unittest.TestCase):
         self.assertEqual(resp.status, 400)
         self.assertIn("invalid JSON event", json.loads(resp.read())["error"])
         conn.close()
+
+    def test_deeply_nested_event_is_400_and_instance_keeps_serving(self):
+        for body in (b"[" * 100000 + b"]" * 100000, b'{"a":' * 5000 + b"1" + b"}" * 5000):
+            conn = self.shim.conn()
+            conn.request("POST", "/_sless/invoke", body=body)
+            resp = conn.getresponse()
+            self.assertEqual(resp.status, 400)
+            self.assertEqual(json.loads(resp.read()), {"error": "invalid JSON event: nested too deeply"})
+            conn.close()
+            self.assertEqual(self.shim.invoke({"kind": "int"})[::2], (200, 42))
+
+    def test_results_that_cannot_be_encoded_are_errors_and_instance_keeps_serving(self):
+        self.assertEqual(
+            self.shim.invoke({"kind": "deep"})[::2],
+            (500, {"error": "result is not JSON serializable: nested too deeply"}),
+        )
+        status, _, body = self.shim.invoke({"kind": "circular"})
+        self.assertEqual(status, 500)
+        self.assertIn("Circular reference", body["error"])
+        self.assertEqual(self.shim.invoke({"kind": "str"})[::2], (200, "hello"))
 
     def test_unknown_path_is_404_and_wrong_method_is_405(self):
         conn = self.shim.conn()
@@ -846,6 +875,60 @@ class RequestIdLogTest(unittest.TestCase):
         for line in out_lines[1:]:
             rid, _, text = line.partition("] ")
             self.assertEqual(rid[2:], text.split()[-1], line)
+
+
+class ServingFailureTest(unittest.TestCase):
+    """A failure of the server itself (not of a handler) ends the process, so the platform can
+    replace an instance that would otherwise accept requests and never answer them."""
+
+    BREAKS_THE_SERVER = """
+        import __main__
+        def handle(event):
+            # The shim runs as __main__; removing its response builder breaks the serving loop.
+            __main__.build_response = None
+            return "unreachable"
+        """
+
+    def test_a_broken_serving_loop_exits_with_status_4(self):
+        for label, source in (
+            ("plain", self.BREAKS_THE_SERVER),
+            ("async", self.BREAKS_THE_SERVER.replace("def handle", "async def handle")),
+        ):
+            with self.subTest(kind=label):
+                shim = Shim({"handler.py": source}).start()
+                try:
+                    shim.wait_ready()
+                    with self.assertRaises((http.client.HTTPException, OSError)):
+                        shim.invoke({})
+                    self.assertEqual(shim.proc.wait(timeout=10), 4)
+                    self.assertIn("sless: serving loop failed; exiting", shim.stderr_text())
+                finally:
+                    shim.stop()
+
+
+class LongLineTest(unittest.TestCase):
+    def test_a_line_without_newline_is_passed_on_in_pieces(self):
+        shim = Shim(
+            {
+                "handler.py": """
+                import sys
+                def handle(event):
+                    for _ in range(40):
+                        sys.stdout.write("x" * 1000)
+                    return "ok"
+                """
+            }
+        ).start()
+        try:
+            shim.wait_ready()
+            self.assertEqual(shim.invoke({}, {"x-sless-request-id": "r1"})[::2], (200, "ok"))
+            shim.stop_keep_logs()
+            lines = shim.proc.stdout.read().decode().splitlines()
+        finally:
+            shim.stop()
+        self.assertEqual(
+            lines, ["[r1] " + "x" * 8192] * 4 + ["[r1] " + "x" * (40000 - 4 * 8192)]
+        )
 
 
 class ShutdownTest(unittest.TestCase):

@@ -440,6 +440,13 @@ pub async fn invoke(
     } else {
         serde_json::from_slice::<serde::de::IgnoredAny>(&body)
             .map_err(|e| ApiError::bad(format!("the event must be JSON: {e}")))?;
+        // `IgnoredAny` checks no depth, and the runtimes cannot decode any depth.
+        if sless_gateway::json_nests_deeper_than(&body, sless_gateway::MAX_JSON_DEPTH) {
+            return Err(ApiError::bad(format!(
+                "the event must be JSON nested at most {} levels deep",
+                sless_gateway::MAX_JSON_DEPTH
+            )));
+        }
         body
     };
     let request_id = sless_gateway::request_id(&headers);

@@ -324,6 +324,7 @@ impl Jobs {
             entrypoint,
             env: spec.env.clone(),
             memory_mb: spec.memory_mb.unwrap_or(128),
+            cpu: sless_executor::DEFAULT_CPU_MILLICORES,
             timeout_sec: spec.timeout_sec.unwrap_or(SELF_CONTAINED_TIMEOUT),
             min_instances: 0,
             max_instances: 1,

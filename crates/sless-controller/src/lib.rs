@@ -417,6 +417,7 @@ impl Controller {
             entrypoint: spec.entrypoint.clone(),
             env: spec.env.clone(),
             memory_mb: spec.memory_mb,
+            cpu: spec.cpu,
             timeout_sec: spec.timeout_sec,
             min_instances: spec.min_instances,
             max_instances: spec.max_instances,

@@ -19,6 +19,9 @@ pub struct FunctionSpec {
     pub env: BTreeMap<String, String>,
     #[serde(default = "defaults::memory_mb")]
     pub memory_mb: u32,
+    /// CPU time per instance in millicores (1000 = one core's worth per period).
+    #[serde(default = "defaults::cpu")]
+    pub cpu: u32,
     #[serde(default = "defaults::timeout_sec")]
     pub timeout_sec: u32,
     #[serde(default)]
@@ -38,6 +41,9 @@ pub struct FunctionSpec {
 mod defaults {
     pub fn memory_mb() -> u32 {
         128
+    }
+    pub fn cpu() -> u32 {
+        1000
     }
     pub fn timeout_sec() -> u32 {
         30
@@ -59,6 +65,7 @@ pub const SPEC_FIELDS: &[&str] = &[
     "entrypoint",
     "env",
     "memory_mb",
+    "cpu",
     "timeout_sec",
     "min_instances",
     "max_instances",
@@ -110,6 +117,7 @@ impl FunctionSpec {
         }
         validate_env_size(&self.env)?;
         range("memory_mb", self.memory_mb, 32, 4096)?;
+        range("cpu", self.cpu, 50, 8000)?;
         range("timeout_sec", self.timeout_sec, 0, 900)?;
         range("concurrency", self.concurrency, 1, 10_000)?;
         range("idle_timeout_sec", self.idle_timeout_sec, 1, 86_400)?;
@@ -272,7 +280,7 @@ mod tests {
     fn defaults_follow_the_contract() {
         let s = spec(serde_json::json!({"runtime": "python3"})).unwrap();
         assert_eq!(s.entrypoint, "handler.handle");
-        assert_eq!((s.memory_mb, s.timeout_sec), (128, 30));
+        assert_eq!((s.memory_mb, s.cpu, s.timeout_sec), (128, 1000, 30));
         assert_eq!(
             (
                 s.min_instances,
@@ -297,6 +305,11 @@ mod tests {
             (
                 serde_json::json!({"runtime": "python3", "memory_mb": 5000}),
                 "memory_mb",
+            ),
+            (serde_json::json!({"runtime": "python3", "cpu": 49}), "cpu"),
+            (
+                serde_json::json!({"runtime": "python3", "cpu": 8001}),
+                "cpu",
             ),
             (
                 serde_json::json!({"runtime": "python3", "timeout_sec": 901}),

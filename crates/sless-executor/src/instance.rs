@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,9 @@ pub(crate) struct Instance {
     conns: Mutex<Vec<Conn<UnixStream>>>,
     pub inflight: AtomicU32,
     pub state: AtomicU8,
+    /// Its cgroup is frozen (see `ExecutorConfig::freeze_after`); changed only under the
+    /// pool's lock, so a freeze never races the pick of a request.
+    frozen: AtomicBool,
     killer: Killer,
     last_used: Mutex<Instant>,
     pub exit: watch::Receiver<Option<Exit>>,
@@ -89,6 +92,7 @@ impl Instance {
             run_dir,
             None,
             d.family,
+            d.cpu,
         )
         .await?;
         instance.revision.store(d.revision, Ordering::Release);
@@ -129,6 +133,7 @@ impl Instance {
             run_dir,
             Some(slot),
             family,
+            crate::DEFAULT_CPU_MILLICORES,
         )
         .await
     }
@@ -159,6 +164,9 @@ impl Instance {
         self.killer
             .set_memory_mb(d.memory_mb)
             .map_err(|e| SpecialiseError::Platform(format!("cannot set the memory limit: {e}")))?;
+        self.killer
+            .set_cpu_millicores(d.cpu)
+            .map_err(|e| SpecialiseError::Platform(format!("cannot set the CPU limit: {e}")))?;
         self.sink.set(sink.clone());
         let body = serde_json::json!({
             "entrypoint": d.entrypoint,
@@ -303,6 +311,38 @@ impl Instance {
         self.exit.borrow().is_some()
     }
 
+    /// Freezes the instance if it has been idle for `after`; call with the pool's
+    /// lock held. Returns whether it froze it now.
+    pub fn freeze_if_idle(&self, after: Duration) -> bool {
+        if self.frozen.load(Ordering::Acquire)
+            || self.inflight.load(Ordering::Acquire) != 0
+            || self.idle_for() < after
+        {
+            return false;
+        }
+        match self.killer.set_frozen(true) {
+            Ok(true) => {
+                self.frozen.store(true, Ordering::Release);
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                tracing::warn!(instance = %self.id, error = %e, "cannot freeze an idle instance");
+                false
+            }
+        }
+    }
+
+    /// Thaws the instance if it is frozen; call with the pool's lock held, before a
+    /// request is sent to it.
+    pub fn thaw(&self) -> std::io::Result<()> {
+        if self.frozen.load(Ordering::Acquire) {
+            self.killer.set_frozen(false)?;
+            self.frozen.store(false, Ordering::Release);
+        }
+        Ok(())
+    }
+
     pub fn cleanup(&self) {
         let _ = std::fs::remove_dir_all(&self.run_dir);
     }
@@ -327,6 +367,7 @@ fn invoke_head(req: &InvokeRequest, deadline_ms: Option<u64>) -> Result<Vec<u8>,
 
 /// Spawns `spec` in the sandbox, copies its output into `sink`, waits for its
 /// `ready` line and its readiness check.
+#[allow(clippy::too_many_arguments)] // one call per kind of instance; a struct would only rename them
 async fn launch(
     cfg: &ExecutorConfig,
     sandbox: &Sandbox,
@@ -335,6 +376,7 @@ async fn launch(
     run_dir: PathBuf,
     slot: Option<(PathBuf, PathBuf)>,
     family: RuntimeFamily,
+    cpu_millicores: u32,
 ) -> Result<Arc<Instance>, String> {
     let id = spec.id.clone();
     let mut child = match sandbox.spawn(&spec) {
@@ -353,6 +395,12 @@ async fn launch(
     }
     let ready = child.ready.take();
     let killer = child.killer();
+    // Set right after the start, before the shim has imported anything of the function.
+    if let Err(e) = killer.set_cpu_millicores(cpu_millicores) {
+        killer.kill();
+        let _ = std::fs::remove_dir_all(&run_dir);
+        return Err(format!("cannot set the CPU limit: {e}"));
+    }
     let (exit_tx, mut exit_rx) = watch::channel(None);
     tokio::spawn(async move {
         let exit = child.wait().await;
@@ -408,6 +456,7 @@ async fn launch(
         conns: Mutex::new(Vec::new()),
         inflight: AtomicU32::new(0),
         state: AtomicU8::new(STARTING),
+        frozen: AtomicBool::new(false),
         killer,
         last_used: Mutex::new(Instant::now()),
         exit: exit_rx,
@@ -611,30 +660,127 @@ async fn wait_ready_line(ready: Option<tokio::net::unix::pipe::Receiver>) -> Res
     }
 }
 
-/// Copies an instance's output into its function's log, line by line.
+/// Ends each piece of a line that was too long for one log line.
+pub(crate) const SPLIT_MARKER: &str = " [continues]";
+
+/// Longest piece of output logged as one line (the marker included, it fits the log's
+/// line limit, so nothing is cut).
+const MAX_PIECE: usize = sless_logs::MAX_LINE - SPLIT_MARKER.len();
+
+/// Copies an instance's output into its function's log, line by line. A line longer
+/// than [`MAX_PIECE`] is logged in pieces, each but the last ending with
+/// [`SPLIT_MARKER`], so the pump holds at most one piece whatever the instance writes.
 async fn pump<R: AsyncRead + Unpin>(
     out: R,
     sink: Arc<SinkSlot>,
     stream: &'static str,
     tail: Option<Arc<Mutex<VecDeque<String>>>>,
 ) {
-    let mut lines = BufReader::new(out);
-    let mut buf = Vec::new();
-    loop {
-        buf.clear();
-        match lines.read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {
-                let line = String::from_utf8_lossy(&buf);
-                sink.line(stream, &line);
-                if let Some(tail) = &tail {
-                    let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
-                    if tail.len() == STDERR_TAIL {
-                        tail.pop_front();
-                    }
-                    tail.push_back(line.trim_end().to_string());
-                }
-            }
+    let mut reader = BufReader::with_capacity(MAX_PIECE, out);
+    let mut line: Vec<u8> = Vec::new();
+    let emit = |bytes: &[u8], split: bool| {
+        let text = String::from_utf8_lossy(bytes);
+        if split {
+            sink.line(stream, &format!("{text}{SPLIT_MARKER}"));
+        } else {
+            sink.line(stream, &text);
         }
+        if let Some(tail) = &tail {
+            let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+            if tail.len() == STDERR_TAIL {
+                tail.pop_front();
+            }
+            tail.push_back(text.trim_end().to_string());
+        }
+    };
+    loop {
+        let available = match reader.fill_buf().await {
+            Ok([]) | Err(_) => break,
+            Ok(bytes) => bytes,
+        };
+        let room = MAX_PIECE - line.len();
+        let window = &available[..available.len().min(room)];
+        if let Some(pos) = window.iter().position(|&b| b == b'\n') {
+            line.extend_from_slice(&window[..=pos]);
+            reader.consume(pos + 1);
+            emit(&line, false);
+            line.clear();
+            continue;
+        }
+        let n = window.len();
+        line.extend_from_slice(window);
+        reader.consume(n);
+        if line.len() >= MAX_PIECE {
+            let cut = utf8_cut(&line);
+            emit(&line[..cut], true);
+            line.drain(..cut);
+        }
+    }
+    if !line.is_empty() {
+        emit(&line, false);
+    }
+}
+
+/// Where to cut `bytes` so no UTF-8 character is split: before a character left
+/// incomplete at the end, otherwise at the end.
+fn utf8_cut(bytes: &[u8]) -> usize {
+    match std::str::from_utf8(bytes) {
+        Err(e) if e.error_len().is_none() && e.valid_up_to() > 0 => e.valid_up_to(),
+        _ => bytes.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn logged(output: &[u8]) -> Vec<String> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = sless_logs::LogStore::new(dir.path().to_path_buf(), 1 << 24).expect("logs");
+        let sink = Arc::new(SinkSlot::new(Some(store.sink("ns", "f"))));
+        pump(output, sink, "stdout", None).await;
+        store
+            .tail("ns", "f", 100)
+            .expect("tail")
+            .into_iter()
+            .map(|line| {
+                // `<time> [stdout] <text>`
+                let text = line.split_once(" [stdout] ").expect("stream tag").1;
+                text.to_string()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn long_lines_are_logged_in_pieces_with_a_marker() {
+        let mut output = vec![b'x'; 2 * MAX_PIECE + 10];
+        output.extend_from_slice(b"\nshort\nno newline at the end");
+        let lines = logged(&output).await;
+        let piece = format!("{}{SPLIT_MARKER}", "x".repeat(MAX_PIECE));
+        assert_eq!(
+            lines,
+            vec![
+                piece.clone(),
+                piece,
+                "x".repeat(10),
+                "short".to_string(),
+                "no newline at the end".to_string(),
+            ]
+        );
+        assert!(lines[0].len() <= sless_logs::MAX_LINE);
+    }
+
+    #[tokio::test]
+    async fn pieces_never_split_a_character() {
+        // One ASCII byte first, so the piece boundary falls inside a 3-byte character.
+        let mut output = b"a".to_vec();
+        output.extend("€".repeat(MAX_PIECE / 3 + 5).as_bytes());
+        let lines = logged(&output).await;
+        assert_eq!(lines.len(), 2);
+        for line in &lines {
+            assert!(!line.contains('\u{fffd}'), "a character was cut");
+        }
+        let joined = lines[0].trim_end_matches(SPLIT_MARKER).to_string() + &lines[1];
+        assert_eq!(joined.as_bytes(), output.as_slice());
     }
 }

@@ -47,7 +47,17 @@ pub struct ExecutorConfig {
     pub max_pids: u32,
     /// Generic instances kept pre-started per runtime family (0 disables the warm pool).
     pub prewarm_per_runtime: usize,
+    /// How long an instance must have been idle (no request in flight) before it is
+    /// frozen: its processes get no CPU until the next request thaws it. Checked once a
+    /// second; `None` never freezes.
+    pub freeze_after: Option<Duration>,
 }
+
+/// CPU limit of an instance when nothing else says (one CPU).
+pub const DEFAULT_CPU_MILLICORES: u32 = 1000;
+
+/// The default of [`ExecutorConfig::freeze_after`].
+pub const FREEZE_AFTER: Duration = Duration::from_secs(1);
 
 /// One revision of a function, as the executor runs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +69,8 @@ pub struct Deployment {
     pub entrypoint: String,
     pub env: BTreeMap<String, String>,
     pub memory_mb: u32,
+    /// CPU limit per instance, in thousandths of a CPU.
+    pub cpu: u32,
     pub timeout_sec: u32,
     pub min_instances: u32,
     pub max_instances: u32,
@@ -176,6 +188,7 @@ impl Executor {
                 };
                 for pool in executor.all_pools() {
                     pool.reap_idle();
+                    pool.freeze_idle();
                 }
             }
         });

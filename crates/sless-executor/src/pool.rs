@@ -118,11 +118,13 @@ impl Pool {
                 Ok(()) => return Ok(generic),
                 Err(SpecialiseError::Load(message)) => {
                     generic.kill();
+                    generic.cleanup();
                     return Err(message);
                 }
                 Err(SpecialiseError::Platform(why)) => {
                     tracing::warn!(function = %d.name, "generic instance unusable ({why}); starting a fresh one");
                     generic.kill();
+                    generic.cleanup();
                 }
             }
         }
@@ -374,6 +376,19 @@ impl Pool {
         }
     }
 
+    /// Freezes the serving instances that have been idle for the configured time:
+    /// what a handler left running after its response gets no CPU until the next
+    /// request thaws the instance.
+    pub fn freeze_idle(&self) {
+        let Some(after) = self.cfg.freeze_after else {
+            return;
+        };
+        let st = self.lock();
+        for instance in &st.instances {
+            instance.freeze_if_idle(after);
+        }
+    }
+
     pub async fn invoke(&self, request: InvokeRequest) -> Result<InvokeResponse, InvokeError> {
         let deadline = tokio::time::Instant::now() + self.cfg.queue_timeout;
         let mut cold_start = false;
@@ -389,6 +404,14 @@ impl Pool {
                     return Err(InvokeError::Paused(st.deployment.name.clone()));
                 }
                 if let Some(instance) = pick(&st) {
+                    // Under the lock, so the freezer cannot freeze it again meanwhile.
+                    if let Err(e) = instance.thaw() {
+                        tracing::warn!(instance = %instance.id, error = %e, "cannot thaw an instance; replacing it");
+                        st.instances.retain(|i| !Arc::ptr_eq(i, &instance));
+                        self.drain(&mut st, instance);
+                        self.ensure_min(&mut st);
+                        continue;
+                    }
                     instance.inflight.fetch_add(1, Ordering::AcqRel);
                     break (instance, st.deployment.timeout_sec);
                 }
@@ -447,20 +470,7 @@ impl Pool {
             Err(CallError::Timeout) => {
                 // The handler may be stuck (a busy loop cannot be interrupted), so the
                 // instance takes no more requests and is replaced.
-                let mut st = self.lock();
-                let name = st.deployment.name.clone();
-                if let Some(pos) = st.instances.iter().position(|i| Arc::ptr_eq(i, &instance)) {
-                    let retired = st.instances.remove(pos);
-                    self.sink.line(
-                        "sless",
-                        &format!(
-                            "instance {} is recycled after a request timed out",
-                            retired.id
-                        ),
-                    );
-                    self.drain(&mut st, retired);
-                    self.ensure_min(&mut st);
-                }
+                let name = self.retire(&instance, "a request timed out");
                 Err(InvokeError::Timeout {
                     name,
                     seconds: timeout_sec,
@@ -476,12 +486,40 @@ impl Pool {
                 .await
                 .ok()
                 .and_then(|r| r.ok().and_then(|e| e.clone()));
-                Err(InvokeError::InstanceFailed(match exited {
-                    Some(exit) => format!("function instance {exit} without answering"),
-                    None => why,
-                }))
+                match exited {
+                    // The watcher reports the exit and replaces the instance.
+                    Some(exit) => Err(InvokeError::InstanceFailed(format!(
+                        "function instance {exit} without answering"
+                    ))),
+                    None => {
+                        // Alive, yet the connection failed or the answer broke the
+                        // protocol: its server is not serving as it should (its loop may
+                        // be dead while the process lives on), so it takes no more
+                        // requests and is replaced.
+                        self.retire(&instance, "a request failed without an answer");
+                        Err(InvokeError::InstanceFailed(why))
+                    }
+                }
             }
         }
+    }
+}
+
+impl Pool {
+    /// Takes `instance` out of service (it drains, then is killed) and tops the pool
+    /// back up; returns the function's name.
+    fn retire(&self, instance: &Arc<Instance>, why: &str) -> String {
+        let mut st = self.lock();
+        if let Some(pos) = st.instances.iter().position(|i| Arc::ptr_eq(i, instance)) {
+            let retired = st.instances.remove(pos);
+            self.sink.line(
+                "sless",
+                &format!("instance {} is recycled after {why}", retired.id),
+            );
+            self.drain(&mut st, retired);
+            self.ensure_min(&mut st);
+        }
+        st.deployment.name.clone()
     }
 }
 

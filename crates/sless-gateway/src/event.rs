@@ -22,6 +22,44 @@ pub(crate) const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
+/// How deeply a JSON request body may nest (serde_json's own recursion limit). A
+/// deeper body is passed to the handler as text: the runtimes cannot decode
+/// arbitrarily deep events, and `RawValue` checks no depth.
+pub const MAX_JSON_DEPTH: usize = 128;
+
+/// Whether the JSON text `body` opens more than `limit` arrays and objects at once.
+/// One pass over the bytes; strings (and escapes in them) are skipped.
+pub fn json_nests_deeper_than(body: &[u8], limit: usize) -> bool {
+    if body.len() <= limit {
+        return false;
+    }
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in body {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Encodes the event as JSON bytes. This is on every request's path, so it is
 /// serialised straight from the request's parts, borrowing wherever it can.
 pub(crate) fn http_event(
@@ -122,6 +160,7 @@ impl<'a> EventBody<'a> {
         if is_json
             && !body.is_empty()
             && let Ok(raw) = serde_json::from_slice::<&RawValue>(body)
+            && !json_nests_deeper_than(body, MAX_JSON_DEPTH)
         {
             return EventBody::Json(raw);
         }
@@ -211,6 +250,25 @@ mod tests {
         assert_eq!(e["body"], "{nope");
         let e = event(Method::GET, "/", None, &[], b"");
         assert_eq!(e["body"], "");
+    }
+
+    #[test]
+    fn json_nested_deeper_than_the_limit_stays_text() {
+        let json = [("content-type", "application/json")];
+        let deep = format!("{}{}", "[".repeat(1000), "]".repeat(1000));
+        let e = event(Method::POST, "/", None, &json, deep.as_bytes());
+        assert_eq!(e["body"], deep.as_str());
+        // (The helper decodes the whole event with serde_json, whose own limit is 128
+        // levels, the event object included.)
+        let ok = format!("{}{}", "[".repeat(100), "]".repeat(100));
+        let e = event(Method::POST, "/", None, &json, ok.as_bytes());
+        assert!(e["body"].is_array());
+        // Brackets inside strings (escaped quotes included) are text, not nesting.
+        let text = format!(r#"{{"a":"\"{}"}}"#, "[".repeat(1000));
+        let e = event(Method::POST, "/", None, &json, text.as_bytes());
+        assert!(e["body"].is_object());
+        assert!(!json_nests_deeper_than(b"[[]]", 2));
+        assert!(json_nests_deeper_than(b"[[[]]]", 2));
     }
 
     #[test]

@@ -25,6 +25,7 @@ use sless_executor::{Executor, InvokeError, InvokeRequest};
 use sless_records::{Invocation, InvocationSource, Recorder};
 
 pub use body::{BodyError, read_body};
+pub use event::{MAX_JSON_DEPTH, json_nests_deeper_than};
 pub use failed::{FailedFunctions, Failure};
 pub use response::{error_response, invoke_error_response, result_response};
 pub use routes::{HttpRoute, HttpRoutes};

@@ -16,7 +16,7 @@ use tokio::sync::broadcast;
 /// How many lines a slow follower may fall behind before it skips ahead.
 const FOLLOW_BUFFER: usize = 1024;
 /// Longest line kept; longer output is cut so one runaway print cannot fill the log.
-const MAX_LINE: usize = 16 * 1024;
+pub const MAX_LINE: usize = 16 * 1024;
 
 /// All functions' logs.
 pub struct LogStore {

@@ -1,8 +1,10 @@
-//! cgroups v1 and v2 behind one trait: one cgroup per instance, for its memory and
-//! process-count limits, for killing everything it started and for its OOM counter.
+//! cgroups v1 and v2 behind one trait: one cgroup per instance, for its memory,
+//! process-count and CPU limits, for freezing it between requests, for killing
+//! everything it started and for its OOM and CPU-time counters.
 //!
 //! Layout: `<hierarchy root>/<cgroup_name>/<instance id>` (on v1 once per controller,
-//! e.g. `/sys/fs/cgroup/memory/sless/<id>` and `/sys/fs/cgroup/pids/sless/<id>`).
+//! e.g. `/sys/fs/cgroup/memory/sless/<id>`, `/sys/fs/cgroup/pids/sless/<id>`,
+//! `/sys/fs/cgroup/cpu/sless/<id>` and `/sys/fs/cgroup/freezer/sless/<id>`).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -19,6 +21,15 @@ use crate::CgroupVersion;
 /// in practice; it only keeps a misbehaving kernel from turning a kill into an endless loop.
 const MAX_KILL_ROUNDS: usize = 64;
 
+/// The CFS period CPU quotas are expressed in (the kernel's default, 100 ms).
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// The CFS quota per [`CPU_PERIOD_US`] for `millicores` (1000 = one CPU).
+pub(crate) fn cpu_quota_us(millicores: u32) -> u64 {
+    // The kernel refuses quotas under 1 ms.
+    (u64::from(millicores) * CPU_PERIOD_US / 1000).max(1000)
+}
+
 /// One instance's cgroup (on v1: the same directory name under each controller used).
 pub(crate) trait Cgroup: Send + Sync + fmt::Debug {
     /// The files a freshly forked (single-threaded) process writes `0` into to join.
@@ -27,6 +38,14 @@ pub(crate) trait Cgroup: Send + Sync + fmt::Debug {
     fn set_memory_limit(&self, bytes: u64) -> io::Result<()>;
     /// Caps the number of tasks (processes and threads) at `max`.
     fn set_pids_limit(&self, max: u32) -> io::Result<()>;
+    /// Caps CPU time at `millicores` thousandths of one CPU; `Ok(false)` when there is
+    /// no cpu controller.
+    fn set_cpu_limit(&self, millicores: u32) -> io::Result<bool>;
+    /// Freezes (stops scheduling) or thaws every process; `Ok(false)` when there is no
+    /// freezer.
+    fn set_frozen(&self, frozen: bool) -> io::Result<bool>;
+    /// CPU time used by the cgroup's processes so far, in nanoseconds.
+    fn cpu_usage_ns(&self) -> Option<u64>;
     /// Host pids of the processes currently in the cgroup.
     fn pids(&self) -> Vec<i32>;
     /// SIGKILLs every process in the cgroup, including ones forked while we do it.
@@ -47,12 +66,18 @@ pub(crate) enum Hierarchy {
     V1 {
         memory: Option<PathBuf>,
         pids: Option<PathBuf>,
+        cpu: Option<PathBuf>,
+        /// Only when mounted apart from `cpu` (co-mounted, `cpu` holds its files).
+        cpuacct: Option<PathBuf>,
+        freezer: Option<PathBuf>,
     },
-    /// Unified: one mount, controllers listed in `cgroup.controllers`.
+    /// Unified: one mount, controllers listed in `cgroup.controllers` (the freezer is
+    /// built in: `cgroup.freeze`).
     V2 {
         root: PathBuf,
         memory: bool,
         pids: bool,
+        cpu: bool,
     },
 }
 
@@ -63,6 +88,12 @@ struct Mounts {
     v1_memory: Option<PathBuf>,
     /// v1 pids controller mount point.
     v1_pids: Option<PathBuf>,
+    /// v1 cpu controller mount point (usually shared with cpuacct).
+    v1_cpu: Option<PathBuf>,
+    /// v1 cpuacct controller mount point (often the same as `v1_cpu`).
+    v1_cpuacct: Option<PathBuf>,
+    /// v1 freezer controller mount point.
+    v1_freezer: Option<PathBuf>,
     /// cgroup2 mount points, in table order.
     v2: Vec<PathBuf>,
 }
@@ -87,6 +118,15 @@ fn parse_mounts(text: &str) -> Mounts {
                         "pids" if mounts.v1_pids.is_none() => {
                             mounts.v1_pids = Some(PathBuf::from(dir));
                         }
+                        "cpu" if mounts.v1_cpu.is_none() => {
+                            mounts.v1_cpu = Some(PathBuf::from(dir));
+                        }
+                        "cpuacct" if mounts.v1_cpuacct.is_none() => {
+                            mounts.v1_cpuacct = Some(PathBuf::from(dir));
+                        }
+                        "freezer" if mounts.v1_freezer.is_none() => {
+                            mounts.v1_freezer = Some(PathBuf::from(dir));
+                        }
                         _ => {}
                     }
                 }
@@ -110,13 +150,24 @@ impl Hierarchy {
             return Some(Hierarchy::V1 {
                 memory: mounts.v1_memory,
                 pids: mounts.v1_pids,
+                cpuacct: mounts
+                    .v1_cpuacct
+                    .filter(|dir| Some(dir) != mounts.v1_cpu.as_ref()),
+                cpu: mounts.v1_cpu,
+                freezer: mounts.v1_freezer,
             });
         }
         mounts.v2.into_iter().find_map(|root| {
             let controllers = fs::read_to_string(root.join("cgroup.controllers")).ok()?;
             let memory = has_word(&controllers, "memory");
             let pids = has_word(&controllers, "pids");
-            (memory || pids).then_some(Hierarchy::V2 { root, memory, pids })
+            let cpu = has_word(&controllers, "cpu");
+            (memory || pids).then_some(Hierarchy::V2 {
+                root,
+                memory,
+                pids,
+                cpu,
+            })
         })
     }
 
@@ -141,12 +192,44 @@ impl Hierarchy {
         }
     }
 
+    pub(crate) fn cpu(&self) -> bool {
+        match self {
+            Hierarchy::V1 { cpu, .. } => cpu.is_some(),
+            Hierarchy::V2 { cpu, .. } => *cpu,
+        }
+    }
+
+    /// Whether instances can be frozen (v2 always has `cgroup.freeze`, Linux 5.2+).
+    pub(crate) fn freezer(&self) -> bool {
+        match self {
+            Hierarchy::V1 { freezer, .. } => freezer.is_some(),
+            Hierarchy::V2 { root, .. } => root.join("cgroup.stat").exists(),
+        }
+    }
+
+    /// The v1 controller mounts in use, in a fixed order.
+    fn v1_roots(&self) -> Vec<&PathBuf> {
+        match self {
+            Hierarchy::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+                freezer,
+            } => [memory, pids, cpu, cpuacct, freezer]
+                .into_iter()
+                .flatten()
+                .collect(),
+            Hierarchy::V2 { .. } => Vec::new(),
+        }
+    }
+
     /// The `<root>/<name>` parent directories (one per v1 controller).
     pub(crate) fn parents(&self, name: &str) -> Vec<PathBuf> {
         match self {
-            Hierarchy::V1 { memory, pids } => memory
-                .iter()
-                .chain(pids.iter())
+            Hierarchy::V1 { .. } => self
+                .v1_roots()
+                .into_iter()
                 .map(|root| root.join(name))
                 .collect(),
             Hierarchy::V2 { root, .. } => vec![root.join(name)],
@@ -156,7 +239,13 @@ impl Hierarchy {
     /// Creates the `<name>` parent cgroup and turns on the controllers its children need.
     pub(crate) fn prepare(&self, name: &str) -> io::Result<()> {
         match self {
-            Hierarchy::V1 { memory, pids } => {
+            Hierarchy::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+                freezer,
+            } => {
                 if let Some(root) = memory {
                     let parent = root.join(name);
                     create_dir(&parent)?;
@@ -174,9 +263,20 @@ impl Hierarchy {
                 if let Some(root) = pids {
                     create_dir(&root.join(name))?;
                 }
+                // Optional: where these cannot be made, instances start without them.
+                for root in [cpu, cpuacct, freezer].into_iter().flatten() {
+                    if let Err(err) = create_dir(&root.join(name)) {
+                        tracing::warn!(%err, "cannot create the instances' parent cgroup; its limit is NOT enforced");
+                    }
+                }
                 Ok(())
             }
-            Hierarchy::V2 { root, memory, pids } => {
+            Hierarchy::V2 {
+                root,
+                memory,
+                pids,
+                cpu,
+            } => {
                 let wanted: Vec<&str> = [(*memory, "memory"), (*pids, "pids")]
                     .into_iter()
                     .filter_map(|(on, c)| on.then_some(c))
@@ -187,7 +287,16 @@ impl Hierarchy {
                 enable_controllers(root, &wanted)?;
                 let parent = root.join(name);
                 create_dir(&parent)?;
-                enable_controllers(&parent, &wanted)
+                enable_controllers(&parent, &wanted)?;
+                // The cpu controller came later than the memory and pids limits: without it
+                // instances still start, and `set_cpu_limit` finds no `cpu.max`.
+                if *cpu
+                    && let Err(err) = enable_controllers(root, &["cpu"])
+                        .and_then(|()| enable_controllers(&parent, &["cpu"]))
+                {
+                    tracing::warn!(%err, "cannot enable the cpu controller; CPU limits are NOT enforced");
+                }
+                Ok(())
             }
         }
     }
@@ -208,10 +317,20 @@ impl Hierarchy {
 
     fn create_once(&self, name: &str, id: &str) -> io::Result<Arc<dyn Cgroup>> {
         match self {
-            Hierarchy::V1 { memory, pids } => {
-                let cgroup = V1Cgroup {
-                    memory: memory.as_ref().map(|root| root.join(name).join(id)),
-                    pids: pids.as_ref().map(|root| root.join(name).join(id)),
+            Hierarchy::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+                freezer,
+            } => {
+                let at = |root: &Option<PathBuf>| root.as_ref().map(|r| r.join(name).join(id));
+                let mut cgroup = V1Cgroup {
+                    memory: at(memory),
+                    pids: at(pids),
+                    cpu: None,
+                    cpuacct: None,
+                    freezer: None,
                 };
                 for dir in cgroup.dirs() {
                     if let Err(err) = fs::create_dir(&dir) {
@@ -220,12 +339,27 @@ impl Hierarchy {
                         return Err(with_path(err, &dir));
                     }
                 }
+                // CPU and freezer came later than the memory and pids limits: an instance
+                // still starts (without them) where their cgroups cannot be made.
+                let optional = |root: &Option<PathBuf>| {
+                    let dir = at(root)?;
+                    match fs::create_dir(&dir) {
+                        Ok(()) => Some(dir),
+                        Err(err) => {
+                            tracing::warn!(path = %dir.display(), %err, "cannot create an instance cgroup; its limit is NOT enforced");
+                            None
+                        }
+                    }
+                };
+                cgroup.cpu = optional(cpu);
+                cgroup.cpuacct = optional(cpuacct);
+                cgroup.freezer = optional(freezer);
                 Ok(Arc::new(cgroup))
             }
-            Hierarchy::V2 { root, .. } => {
+            Hierarchy::V2 { root, cpu, .. } => {
                 let dir = root.join(name).join(id);
                 fs::create_dir(&dir).map_err(|err| with_path(err, &dir))?;
-                Ok(Arc::new(V2Cgroup { dir }))
+                Ok(Arc::new(V2Cgroup { dir, cpu: *cpu }))
             }
         }
     }
@@ -253,18 +387,29 @@ impl Hierarchy {
         ids.into_iter()
             .map(|id| -> Arc<dyn Cgroup> {
                 match self {
-                    Hierarchy::V1 { memory, pids } => Arc::new(V1Cgroup {
-                        memory: memory
-                            .as_ref()
-                            .map(|root| root.join(name).join(&id))
-                            .filter(|dir| dir.is_dir()),
-                        pids: pids
-                            .as_ref()
-                            .map(|root| root.join(name).join(&id))
-                            .filter(|dir| dir.is_dir()),
-                    }),
-                    Hierarchy::V2 { root, .. } => Arc::new(V2Cgroup {
+                    Hierarchy::V1 {
+                        memory,
+                        pids,
+                        cpu,
+                        cpuacct,
+                        freezer,
+                    } => {
+                        let at = |root: &Option<PathBuf>| {
+                            root.as_ref()
+                                .map(|r| r.join(name).join(&id))
+                                .filter(|dir| dir.is_dir())
+                        };
+                        Arc::new(V1Cgroup {
+                            memory: at(memory),
+                            pids: at(pids),
+                            cpu: at(cpu),
+                            cpuacct: at(cpuacct),
+                            freezer: at(freezer),
+                        })
+                    }
+                    Hierarchy::V2 { root, cpu, .. } => Arc::new(V2Cgroup {
                         dir: root.join(name).join(&id),
+                        cpu: *cpu,
                     }),
                 }
             })
@@ -298,11 +443,15 @@ pub(crate) fn kill_and_remove(cgroup: &dyn Cgroup, timeout: Duration) -> io::Res
     Ok(killed)
 }
 
-/// cgroup v1: a directory under the memory and/or the pids controller mount.
+/// cgroup v1: a directory under each controller mount in use.
 #[derive(Debug)]
 struct V1Cgroup {
     memory: Option<PathBuf>,
     pids: Option<PathBuf>,
+    cpu: Option<PathBuf>,
+    /// Set only when cpuacct is mounted apart from cpu.
+    cpuacct: Option<PathBuf>,
+    freezer: Option<PathBuf>,
 }
 
 impl Cgroup for V1Cgroup {
@@ -341,6 +490,33 @@ impl Cgroup for V1Cgroup {
         }
     }
 
+    fn set_cpu_limit(&self, millicores: u32) -> io::Result<bool> {
+        let Some(dir) = &self.cpu else {
+            return Ok(false);
+        };
+        write_file(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+        write_file(
+            &dir.join("cpu.cfs_quota_us"),
+            &cpu_quota_us(millicores).to_string(),
+        )?;
+        Ok(true)
+    }
+
+    fn set_frozen(&self, frozen: bool) -> io::Result<bool> {
+        let Some(dir) = &self.freezer else {
+            return Ok(false);
+        };
+        let state = if frozen { "FROZEN" } else { "THAWED" };
+        write_file(&dir.join("freezer.state"), state)?;
+        Ok(true)
+    }
+
+    fn cpu_usage_ns(&self) -> Option<u64> {
+        let dir = self.cpuacct.as_ref().or(self.cpu.as_ref())?;
+        let text = fs::read_to_string(dir.join("cpuacct.usage")).ok()?;
+        text.trim().parse().ok()
+    }
+
     fn pids(&self) -> Vec<i32> {
         let mut pids: Vec<i32> = self
             .dirs()
@@ -353,7 +529,12 @@ impl Cgroup for V1Cgroup {
     }
 
     fn kill_all(&self) -> usize {
-        kill_in_rounds(|| self.pids())
+        let killed = kill_in_rounds(|| self.pids());
+        // On v1 a frozen process acts on SIGKILL only once thawed.
+        if let Err(err) = self.set_frozen(false) {
+            tracing::debug!(%err, "cannot thaw a cgroup being killed");
+        }
+        killed
     }
 
     fn oom_kills(&self) -> u64 {
@@ -369,11 +550,17 @@ impl Cgroup for V1Cgroup {
     }
 
     fn dirs(&self) -> Vec<PathBuf> {
-        self.memory
-            .iter()
-            .chain(self.pids.iter())
-            .cloned()
-            .collect()
+        [
+            &self.memory,
+            &self.pids,
+            &self.cpu,
+            &self.cpuacct,
+            &self.freezer,
+        ]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect()
     }
 }
 
@@ -381,6 +568,8 @@ impl Cgroup for V1Cgroup {
 #[derive(Debug)]
 struct V2Cgroup {
     dir: PathBuf,
+    /// The cpu controller is enabled for it.
+    cpu: bool,
 }
 
 impl Cgroup for V2Cgroup {
@@ -407,6 +596,30 @@ impl Cgroup for V2Cgroup {
 
     fn set_pids_limit(&self, max: u32) -> io::Result<()> {
         write_file(&self.dir.join("pids.max"), &max.to_string())
+    }
+
+    fn set_cpu_limit(&self, millicores: u32) -> io::Result<bool> {
+        let file = self.dir.join("cpu.max");
+        if !self.cpu || !file.exists() {
+            return Ok(false);
+        }
+        let max = format!("{} {CPU_PERIOD_US}", cpu_quota_us(millicores));
+        write_file(&file, &max)?;
+        Ok(true)
+    }
+
+    fn set_frozen(&self, frozen: bool) -> io::Result<bool> {
+        let file = self.dir.join("cgroup.freeze");
+        if !file.exists() {
+            return Ok(false);
+        }
+        write_file(&file, if frozen { "1" } else { "0" })?;
+        Ok(true)
+    }
+
+    fn cpu_usage_ns(&self) -> Option<u64> {
+        let text = fs::read_to_string(self.dir.join("cpu.stat")).ok()?;
+        keyed_value(&text, "usage_usec").map(|us| us.saturating_mul(1000))
     }
 
     fn pids(&self) -> Vec<i32> {
@@ -545,6 +758,7 @@ tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
 cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,relatime,cpu,cpuacct 0 0
 cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
 cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0
+cgroup /sys/fs/cgroup/freezer cgroup rw,relatime,freezer 0 0
 cgroup /sys/fs/cgroup/systemd cgroup rw,relatime,name=systemd 0 0
 cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
 ";
@@ -554,6 +768,9 @@ cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
             Mounts {
                 v1_memory: Some("/sys/fs/cgroup/memory".into()),
                 v1_pids: Some("/sys/fs/cgroup/pids".into()),
+                v1_cpu: Some("/sys/fs/cgroup/cpu,cpuacct".into()),
+                v1_cpuacct: Some("/sys/fs/cgroup/cpu,cpuacct".into()),
+                v1_freezer: Some("/sys/fs/cgroup/freezer".into()),
                 v2: vec!["/sys/fs/cgroup/unified".into()],
             }
         );
@@ -611,6 +828,7 @@ cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
             root: root.clone(),
             memory: true,
             pids: true,
+            cpu: false,
         };
         h.prepare("sless").expect("prepare");
         // The root had nothing enabled, so the last write there is `+pids`; `sless` had
@@ -634,5 +852,116 @@ cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
         );
         let listed: Vec<PathBuf> = h.existing("sless").iter().flat_map(|c| c.dirs()).collect();
         assert_eq!(listed, vec![root.join("sless/i-1")]);
+    }
+
+    #[test]
+    fn cpu_quota_is_millicores_of_the_period_with_the_kernel_floor() {
+        assert_eq!(cpu_quota_us(1000), 100_000);
+        assert_eq!(cpu_quota_us(250), 25_000);
+        assert_eq!(cpu_quota_us(8000), 800_000);
+        assert_eq!(cpu_quota_us(5), 1000);
+    }
+
+    #[test]
+    fn v2_cpu_limit_freezer_and_usage_go_to_their_files() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().to_path_buf();
+        fs::write(root.join("cgroup.subtree_control"), "").expect("write");
+        fs::create_dir(root.join("sless")).expect("mkdir");
+        fs::write(root.join("sless/cgroup.subtree_control"), "").expect("write");
+        let h = Hierarchy::V2 {
+            root: root.clone(),
+            memory: false,
+            pids: true,
+            cpu: true,
+        };
+        h.prepare("sless").expect("prepare");
+        // The cpu controller is handed down to the instances like the others.
+        assert_eq!(
+            fs::read_to_string(root.join("sless/cgroup.subtree_control")).expect("read"),
+            "+cpu"
+        );
+        let cg = h.create("sless", "i-1").expect("create");
+        let dir = root.join("sless/i-1");
+        // No `cpu.max` (the controller could not be enabled): not applied, no error.
+        assert!(!cg.set_cpu_limit(250).expect("cpu"));
+        fs::write(dir.join("cpu.max"), "max 100000").expect("write");
+        assert!(cg.set_cpu_limit(250).expect("cpu"));
+        assert_eq!(
+            fs::read_to_string(dir.join("cpu.max")).expect("read"),
+            "25000 100000"
+        );
+        // No `cgroup.freeze` (a kernel before 5.2): nothing to freeze, and no error.
+        assert!(!cg.set_frozen(true).expect("freeze"));
+        fs::write(dir.join("cgroup.freeze"), "0").expect("write");
+        assert!(cg.set_frozen(true).expect("freeze"));
+        assert_eq!(
+            fs::read_to_string(dir.join("cgroup.freeze")).expect("read"),
+            "1"
+        );
+        assert!(cg.set_frozen(false).expect("thaw"));
+        assert_eq!(
+            fs::read_to_string(dir.join("cgroup.freeze")).expect("read"),
+            "0"
+        );
+        fs::write(
+            dir.join("cpu.stat"),
+            "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n",
+        )
+        .expect("write");
+        assert_eq!(cg.cpu_usage_ns(), Some(1_500_000));
+
+        // Without the cpu controller the limit is reported as not applied.
+        let without = V2Cgroup {
+            dir: dir.clone(),
+            cpu: false,
+        };
+        assert!(!without.set_cpu_limit(250).expect("cpu"));
+    }
+
+    #[test]
+    fn v1_cpu_limit_freezer_and_usage_go_to_their_files() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().to_path_buf();
+        for ctrl in ["pids", "cpu", "freezer"] {
+            fs::create_dir(root.join(ctrl)).expect("mkdir");
+        }
+        let h = Hierarchy::V1 {
+            memory: None,
+            pids: Some(root.join("pids")),
+            cpu: Some(root.join("cpu")),
+            cpuacct: None,
+            freezer: Some(root.join("freezer")),
+        };
+        h.prepare("sless").expect("prepare");
+        let cg = h.create("sless", "i-1").expect("create");
+        assert_eq!(
+            cg.dirs(),
+            vec![
+                root.join("pids/sless/i-1"),
+                root.join("cpu/sless/i-1"),
+                root.join("freezer/sless/i-1"),
+            ]
+        );
+        // A new process joins every controller's cgroup.
+        assert_eq!(cg.join_files().len(), 3);
+        assert!(cg.set_cpu_limit(1500).expect("cpu"));
+        let cpu = root.join("cpu/sless/i-1");
+        assert_eq!(
+            fs::read_to_string(cpu.join("cpu.cfs_quota_us")).expect("read"),
+            "150000"
+        );
+        assert_eq!(
+            fs::read_to_string(cpu.join("cpu.cfs_period_us")).expect("read"),
+            "100000"
+        );
+        let state = root.join("freezer/sless/i-1/freezer.state");
+        assert!(cg.set_frozen(true).expect("freeze"));
+        assert_eq!(fs::read_to_string(&state).expect("read"), "FROZEN");
+        // Killing thaws, or a frozen process would never act on its SIGKILL.
+        cg.kill_all();
+        assert_eq!(fs::read_to_string(&state).expect("read"), "THAWED");
+        fs::write(cpu.join("cpuacct.usage"), "123456789\n").expect("write");
+        assert_eq!(cg.cpu_usage_ns(), Some(123_456_789));
     }
 }

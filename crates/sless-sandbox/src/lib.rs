@@ -124,6 +124,10 @@ pub struct Capabilities {
     pub memory_limit: bool,
     /// `ProcessSpec::max_pids` is enforced.
     pub pids_limit: bool,
+    /// [`Killer::set_cpu_millicores`] is enforced.
+    pub cpu_limit: bool,
+    /// [`Killer::set_frozen`] can stop an instance's processes between requests.
+    pub freezer: bool,
     /// Programs run as `SandboxConfig::uid`/`gid` without capabilities (root mode).
     pub drops_privileges: bool,
 }
@@ -278,6 +282,8 @@ impl Sandbox {
             cgroup: self.hierarchy.as_ref().map(Hierarchy::version),
             memory_limit: self.hierarchy.as_ref().is_some_and(Hierarchy::memory),
             pids_limit: self.hierarchy.as_ref().is_some_and(Hierarchy::pids),
+            cpu_limit: self.hierarchy.as_ref().is_some_and(Hierarchy::cpu),
+            freezer: self.hierarchy.as_ref().is_some_and(Hierarchy::freezer),
             drops_privileges: matches!(self.privilege, Privilege::Root { .. }),
         }
     }

@@ -86,6 +86,30 @@ impl Killer {
         }
     }
 
+    /// Caps the instance's CPU time at `millicores` thousandths of a CPU. `Ok(false)`
+    /// when there is no cpu cgroup to change.
+    pub fn set_cpu_millicores(&self, millicores: u32) -> std::io::Result<bool> {
+        match &self.target.cgroup {
+            Some(cgroup) if millicores > 0 => cgroup.set_cpu_limit(millicores),
+            _ => Ok(false),
+        }
+    }
+
+    /// Freezes every process of the instance (nothing of it is scheduled until it is
+    /// thawed) or thaws it. `Ok(false)` when there is no freezer.
+    pub fn set_frozen(&self, frozen: bool) -> std::io::Result<bool> {
+        match &self.target.cgroup {
+            Some(cgroup) => cgroup.set_frozen(frozen),
+            None => Ok(false),
+        }
+    }
+
+    /// CPU time the instance's processes used so far, in nanoseconds (`None` without
+    /// a cpu accounting cgroup).
+    pub fn cpu_usage_ns(&self) -> Option<u64> {
+        self.target.cgroup.as_ref()?.cpu_usage_ns()
+    }
+
     /// SIGKILLs every process of the instance. Idempotent, and harmless after the exit.
     ///
     /// With a cgroup, that is every process in it. Without one, bwrap itself: its namespace

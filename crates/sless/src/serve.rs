@@ -86,6 +86,10 @@ pub struct ServeArgs {
     /// sandbox and interpreter start-up (0 turns this off).
     #[arg(long, env = "SLESS_PREWARM", default_value_t = 2)]
     pub prewarm: usize,
+    /// An instance idle this long (milliseconds) is frozen until its next request, so
+    /// work a handler leaves running gets no CPU (0: never freeze).
+    #[arg(long, env = "SLESS_FREEZE_IDLE_MS", default_value_t = 1000)]
+    pub freeze_idle_ms: u64,
     /// Unprivileged uid (and gid) that functions and builds run as.
     #[arg(long, env = "SLESS_SANDBOX_UID", default_value_t = 65534)]
     pub sandbox_uid: u32,
@@ -227,6 +231,8 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             max_queue: args.max_queue,
             max_pids: 256,
             prewarm_per_runtime: args.prewarm,
+            freeze_after: (args.freeze_idle_ms > 0)
+                .then(|| Duration::from_millis(args.freeze_idle_ms)),
         },
         sandbox.clone(),
         logs.clone(),

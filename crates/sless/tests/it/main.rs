@@ -14,6 +14,7 @@ mod harness;
 mod hostile_deps;
 mod hostile_edge;
 mod hostile_input;
+mod hostile_instances;
 mod hostile_sandbox;
 mod hostile_storage;
 mod invoke;
