@@ -79,7 +79,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             cwd: "/".into(),
             memory_mb: 128,
             max_pids: 64,
-            network: true,
+            network: Network::Host,
             ready_pipe: true,
         };
         let start = Instant::now();

@@ -47,6 +47,8 @@ pub struct Child {
     id: String,
     cgroup: Option<Arc<dyn Cgroup>>,
     killer: Killer,
+    /// Closing it ends the instance's slirp4netns (outbound network only).
+    pub(crate) net_exit: Option<OwnedFd>,
 }
 
 /// A handle that kills an instance, usable while another task owns the [`Child`] and
@@ -231,6 +233,7 @@ pub(crate) fn spawn(
     id: &str,
     ready_pipe: bool,
     cgroup: Option<Arc<dyn Cgroup>>,
+    extra_fds: &[(RawFd, RawFd)],
 ) -> Result<Child, SandboxError> {
     let spawn_err = |source: io::Error| SandboxError::Spawn {
         id: id.to_owned(),
@@ -269,7 +272,21 @@ pub(crate) fn spawn(
     } else {
         (None, None)
     };
-    let ready_fd = ready_writer.as_ref().map(AsRawFd::as_raw_fd);
+    // At most 3 descriptors: the ready pipe and the network setup's two.
+    let mut fds = [(-1, -1); MAX_MAPPED_FDS];
+    let mut count = 0;
+    let wanted = ready_writer
+        .as_ref()
+        .map(|w| (w.as_raw_fd(), READY_FD))
+        .into_iter()
+        .chain(extra_fds.iter().copied());
+    for pair in wanted {
+        if count == MAX_MAPPED_FDS {
+            return Err(spawn_err(io::Error::other("too many descriptors to pass")));
+        }
+        fds[count] = pair;
+        count += 1;
+    }
     let parent = std::process::id() as libc::pid_t;
 
     let mut cmd = tokio::process::Command::new(bwrap);
@@ -284,7 +301,7 @@ pub(crate) fn spawn(
     // parent keeps open until `spawn` returns, reads captured integers and allocates nothing
     // (`io::Error::last_os_error` only wraps an errno).
     unsafe {
-        cmd.pre_exec(move || child_setup(&join_fds, ready_fd, parent));
+        cmd.pre_exec(move || child_setup(&join_fds, &fds[..count], parent));
     }
 
     let child = on_spawner_thread(move || {
@@ -321,11 +338,12 @@ pub(crate) fn spawn(
         id: id.to_owned(),
         cgroup,
         killer,
+        net_exit: None,
     })
 }
 
 /// Runs in the forked child before exec. Async-signal-safe calls only (see `spawn`).
-fn child_setup(join_fds: &[RawFd], ready_fd: Option<RawFd>, parent: libc::pid_t) -> io::Result<()> {
+fn child_setup(join_fds: &[RawFd], fds: &[(RawFd, RawFd)], parent: libc::pid_t) -> io::Result<()> {
     // Joining before exec means bwrap and everything it starts are accounted and limited
     // from the first instruction; nothing can fork outside the cgroup.
     for &fd in join_fds {
@@ -360,15 +378,34 @@ fn child_setup(join_fds: &[RawFd], ready_fd: Option<RawFd>, parent: libc::pid_t)
     if unsafe { libc::setsid() } < 0 {
         return Err(io::Error::last_os_error());
     }
-    if let Some(fd) = ready_fd {
-        if fd == READY_FD {
-            // dup2 onto itself keeps close-on-exec set; clear it so bwrap inherits fd 3.
-            // SAFETY: fcntl on an open descriptor with integer arguments.
-            if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
-                return Err(io::Error::last_os_error());
-            }
-        // SAFETY: dup2 between two descriptor numbers; the new fd 3 is not close-on-exec.
-        } else if unsafe { libc::dup2(fd, READY_FD) } < 0 {
+    map_fds(fds)
+}
+
+/// Most descriptors [`map_fds`] moves at once.
+pub(crate) const MAX_MAPPED_FDS: usize = 4;
+
+/// Makes each `(from, to)` descriptor available as `to` in the program about to be
+/// executed (not close-on-exec). Async-signal-safe: fcntl and dup2 only, no allocation.
+///
+/// Every `from` is first copied above all targets, so moving one onto a number another
+/// still occupies cannot clobber it.
+pub(crate) fn map_fds(fds: &[(RawFd, RawFd)]) -> io::Result<()> {
+    if fds.len() > MAX_MAPPED_FDS {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut moved = [-1; MAX_MAPPED_FDS];
+    for (slot, &(from, _)) in moved.iter_mut().zip(fds) {
+        // SAFETY: fcntl on an open descriptor with integer arguments; the copy is
+        // close-on-exec, so it does not leak into the program.
+        let copy = unsafe { libc::fcntl(from, libc::F_DUPFD_CLOEXEC, 64) };
+        if copy < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        *slot = copy;
+    }
+    for (&copy, &(_, to)) in moved.iter().zip(fds) {
+        // SAFETY: dup2 between two descriptor numbers; the new `to` is not close-on-exec.
+        if unsafe { libc::dup2(copy, to) } < 0 {
             return Err(io::Error::last_os_error());
         }
     }
