@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use sless_core::RuntimeFamily;
+use sless_core::{NetworkMode, RuntimeFamily};
 use sless_logs::LogSink;
-use sless_sandbox::{Exit, Killer, Mount, ProcessSpec, Sandbox};
+use sless_sandbox::{Exit, Killer, Mount, Network, ProcessSpec, Sandbox};
 use sless_wire::{Conn, RequestHead};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::net::UnixStream;
@@ -36,6 +36,7 @@ pub(crate) struct Instance {
     /// The revision it serves; 0 while it is a generic (pre-started) instance.
     revision: AtomicU64,
     family: RuntimeFamily,
+    network: NetworkMode,
     socket: PathBuf,
     run_dir: PathBuf,
     /// Where the function's files are linked in when a generic instance is specialised.
@@ -81,6 +82,7 @@ impl Instance {
             &d.code_dir,
             d.deps_dir.as_deref(),
             d.memory_mb,
+            d.network,
         );
         spec.env.extend(function_env(d));
         let instance = launch(
@@ -90,19 +92,21 @@ impl Instance {
             Arc::new(SinkSlot::new(Some(sink.clone()))),
             run_dir,
             None,
-            d.family,
+            (d.family, d.network),
         )
         .await?;
         instance.revision.store(d.revision, Ordering::Release);
         Ok(instance)
     }
 
-    /// Starts a generic instance of a runtime family: sandboxed, interpreter and
-    /// shim loaded, no function yet. [`Instance::specialise`] gives it one.
+    /// Starts a generic instance of a runtime family with a network mode: sandboxed
+    /// (its network connected), interpreter and shim loaded, no function yet.
+    /// [`Instance::specialise`] gives it one.
     pub async fn start_generic(
         cfg: &ExecutorConfig,
         sandbox: &Sandbox,
         family: RuntimeFamily,
+        network: NetworkMode,
         id: String,
     ) -> Result<Arc<Instance>, String> {
         let run_dir = cfg.run_dir.join(&id);
@@ -129,6 +133,7 @@ impl Instance {
             &slot.0,
             Some(&slot.1),
             GENERIC_MEMORY_MB,
+            network,
         );
         launch(
             cfg,
@@ -137,7 +142,7 @@ impl Instance {
             Arc::new(SinkSlot::new(None)),
             run_dir,
             Some(slot),
-            family,
+            (family, network),
         )
         .await
     }
@@ -152,6 +157,9 @@ impl Instance {
         };
         if self.family != d.family {
             return Err(SpecialiseError::Platform("runtime family differs".into()));
+        }
+        if self.network != d.network {
+            return Err(SpecialiseError::Platform("network mode differs".into()));
         }
         let (src_code, src_deps) = (d.code_dir.clone(), d.deps_dir.clone());
         let (dst_code, dst_deps) = (code.clone(), deps.clone());
@@ -343,7 +351,7 @@ async fn launch(
     sink: Arc<SinkSlot>,
     run_dir: PathBuf,
     slot: Option<(PathBuf, PathBuf)>,
-    family: RuntimeFamily,
+    (family, network): (RuntimeFamily, NetworkMode),
 ) -> Result<Arc<Instance>, String> {
     let id = spec.id.clone();
     let mut child = match sandbox.spawn(&spec) {
@@ -410,6 +418,7 @@ async fn launch(
         id,
         revision: AtomicU64::new(0),
         family,
+        network,
         socket: run_dir.join("sock").join("fn.sock"),
         run_dir,
         slot,
@@ -546,6 +555,7 @@ fn process_spec(
     code: &std::path::Path,
     deps: Option<&std::path::Path>,
     memory_mb: u32,
+    network: NetworkMode,
 ) -> ProcessSpec {
     let (program, shim) = match family {
         RuntimeFamily::Nodejs => (cfg.node.clone(), "/runtime/node/sless_runtime.js"),
@@ -597,7 +607,11 @@ fn process_spec(
         cwd: "/code".into(),
         memory_mb,
         max_pids: cfg.max_pids,
-        network: true,
+        network: match network {
+            NetworkMode::Outbound => Network::Outbound,
+            NetworkMode::None => Network::None,
+            NetworkMode::Host => Network::Host,
+        },
         ready_pipe: true,
     }
 }

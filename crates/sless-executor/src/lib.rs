@@ -21,7 +21,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use sless_core::{InstanceCounts, RuntimeFamily};
+use sless_core::{InstanceCounts, NetworkMode, RuntimeFamily};
 use sless_logs::LogStore;
 use sless_sandbox::Sandbox;
 
@@ -48,7 +48,9 @@ pub struct ExecutorConfig {
     /// uid/gid the sandboxed processes run as (the run directory is handed to them).
     pub sandbox_uid: u32,
     pub sandbox_gid: u32,
-    /// Generic instances kept pre-started per runtime family (0 disables the warm pool).
+    /// Generic instances kept pre-started per runtime family and network mode in use
+    /// (0 disables the warm pool). `outbound` is kept from the start; another mode once
+    /// a function with it has started.
     pub prewarm_per_runtime: usize,
 }
 
@@ -70,6 +72,8 @@ pub struct Deployment {
     pub paused: bool,
     /// `/fn/` requires a token of the function's namespace.
     pub private: bool,
+    /// What its instances may reach over the network.
+    pub network: NetworkMode,
     pub code_dir: PathBuf,
     pub deps_dir: Option<PathBuf>,
 }

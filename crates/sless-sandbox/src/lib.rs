@@ -318,12 +318,13 @@ impl Sandbox {
         // namespace to be connected (see `network`).
         let net = match (&self.privilege, spec.network) {
             (Privilege::Root { .. }, Network::Outbound) => {
-                let tools = self.net_tools.as_ref().map_err(|reason| {
-                    SandboxError::NetworkUnavailable {
-                        id: spec.id.clone(),
-                        reason: reason.clone(),
-                    }
-                })?;
+                let tools =
+                    self.net_tools
+                        .as_ref()
+                        .map_err(|reason| SandboxError::NetworkUnavailable {
+                            id: spec.id.clone(),
+                            reason: reason.clone(),
+                        })?;
                 let pending =
                     network::Pending::new().map_err(|source| SandboxError::NetworkPipes {
                         id: spec.id.clone(),

@@ -48,6 +48,10 @@ pub(crate) const BLOCK_FD: RawFd = 11;
 /// slirp's alias for the host's loopback and its DNS forwarder: both are the host.
 const SLIRP_HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
 const SLIRP_DNS: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 3);
+/// The instance's address on slirp's network (slirp's default guest address).
+const GUEST: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 100);
+/// slirp4netns's largest MTU: fewer, larger packets through the user-space stack.
+const MTU: u32 = 65520;
 
 /// How long the namespace may take to be connected before the start fails.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -168,19 +172,17 @@ async fn attach(tools: &Tools, info: OwnedFd, exit: OwnedFd, id: &str) -> Result
     if inode != ns_inode {
         return Err(format!("{ns_path} is not the sandbox's namespace"));
     }
-    // 127.0.0.0/8 inside is the namespace's own loopback (bwrap brings it up meanwhile,
-    // and a route there would race with it); the host's loopback is out of reach anyway.
+    // 127.0.0.0/8 inside is the namespace's own loopback; the host's is out of reach.
     let mut blocked = host_ipv4_addresses().map_err(|e| format!("host addresses: {e}"))?;
     blocked.retain(|a| !a.is_loopback());
     blocked.extend([SLIRP_HOST, SLIRP_DNS]);
     blocked.sort();
     blocked.dedup();
-    let (routes, slirp) = tokio::join!(
-        prohibit_routes(&tools.ip, &ns, &blocked),
-        start_slirp(&tools.slirp4netns, &ns, exit, id),
-    );
-    routes?;
-    slirp
+    // slirp4netns only creates tap0; `ip` configures it. (slirp's own `--configure` also
+    // brings `lo` up, racing with bwrap, which sets up `lo` meanwhile and fails if the
+    // kernel got there first.)
+    start_slirp(&tools.slirp4netns, &ns, exit, id).await?;
+    configure(&tools.ip, &ns, &blocked).await
 }
 
 /// Reads the JSON bwrap writes to `--info-fd`: the init's pid and its network namespace.
@@ -204,7 +206,9 @@ async fn read_info(info: OwnedFd) -> Result<(u32, u64), String> {
     let ns = json_number(&text, "net-namespace");
     match (pid.and_then(|p| u32::try_from(p).ok()), ns) {
         (Some(pid), Some(ns)) if pid > 0 => Ok((pid, ns)),
-        _ => Err(format!("bwrap reported no child pid and namespace: {text:?}")),
+        _ => Err(format!(
+            "bwrap reported no child pid and namespace: {text:?}"
+        )),
     }
 }
 
@@ -245,12 +249,15 @@ pub(crate) fn host_ipv4_addresses() -> io::Result<Vec<Ipv4Addr>> {
     Ok(found)
 }
 
-/// Adds a `prohibit` route for each of `addresses` in the namespace `ns`.
-async fn prohibit_routes(ip: &Path, ns: &File, addresses: &[Ipv4Addr]) -> Result<(), String> {
-    let batch: String = addresses
-        .iter()
-        .map(|a| format!("route add prohibit {a}/32\n"))
-        .collect();
+/// Gives tap0 slirp's guest address and default route, then adds a `prohibit` route for
+/// each of `blocked` (after the default route: its gateway is one of them).
+async fn configure(ip: &Path, ns: &File, blocked: &[Ipv4Addr]) -> Result<(), String> {
+    let mut batch = format!(
+        "link set tap0 mtu {MTU} up\naddr add {GUEST}/24 dev tap0\nroute add default via {SLIRP_HOST} dev tap0\n"
+    );
+    for a in blocked {
+        batch.push_str(&format!("route add prohibit {a}/32\n"));
+    }
     let mut cmd = tokio::process::Command::new(ip);
     cmd.args(["-batch", "-"])
         .env_clear()
@@ -296,14 +303,12 @@ const SLIRP_NS_FD: RawFd = 3;
 const SLIRP_READY_FD: RawFd = 4;
 const SLIRP_EXIT_FD: RawFd = 5;
 
-/// Starts slirp4netns on the namespace `ns` and waits until it has configured `tap0`
-/// (address 10.0.2.100/24, default route via 10.0.2.2). It exits when `exit`'s write end
-/// closes.
+/// Starts slirp4netns on the namespace `ns` and waits until it has created `tap0` there.
+/// It exits when `exit`'s write end closes.
 async fn start_slirp(slirp: &Path, ns: &File, exit: OwnedFd, id: &str) -> Result<(), String> {
     let (ready_read, ready_write) = io::pipe().map_err(|e| format!("slirp ready pipe: {e}"))?;
     let mut cmd = tokio::process::Command::new(slirp);
     cmd.args([
-        "--configure",
         "--mtu=65520",
         "--disable-host-loopback",
         "--enable-sandbox",
@@ -324,10 +329,13 @@ async fn start_slirp(slirp: &Path, ns: &File, exit: OwnedFd, id: &str) -> Result
         (ready_write.as_raw_fd(), SLIRP_READY_FD),
         (exit.as_raw_fd(), SLIRP_EXIT_FD),
     ];
-    // SAFETY: `map_fds` makes only fcntl/dup2 calls on descriptors the parent keeps open
-    // until the spawn returns, and allocates nothing.
+    // SAFETY: the hook makes only raw unshare/mount/fcntl/dup2 calls (with a static path)
+    // on descriptors the parent keeps open until the spawn returns, and allocates nothing.
     unsafe {
-        cmd.pre_exec(move || map_fds(&fds));
+        cmd.pre_exec(move || {
+            private_mounts()?;
+            map_fds(&fds)
+        });
     }
     let mut child = cmd
         .spawn()
@@ -342,11 +350,8 @@ async fn start_slirp(slirp: &Path, ns: &File, exit: OwnedFd, id: &str) -> Result
         let _ = child.start_kill();
         let mut said = String::new();
         if let Some(err) = stderr.as_mut() {
-            let _ = tokio::time::timeout(
-                Duration::from_secs(1),
-                err.read_to_string(&mut said),
-            )
-            .await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), err.read_to_string(&mut said)).await;
         }
         return Err(format!("slirp4netns did not start: {}", said.trim()));
     }
@@ -362,6 +367,32 @@ async fn start_slirp(slirp: &Path, ns: &File, exit: OwnedFd, id: &str) -> Result
         }
         let _ = child.wait().await;
     });
+    Ok(())
+}
+
+/// Puts the calling process in a mount namespace of its own whose mounts propagate
+/// nothing back. slirp4netns's `--enable-sandbox` unshares the mount namespace, makes only
+/// `/` private and detaches the old root after its `pivot_root`: on a host whose mounts
+/// are shared (systemd's default), that unmount propagates and takes the host's mounts
+/// below shared ones with it (named network namespaces in /run/netns, for one).
+/// Async-signal-safe: two raw syscalls.
+fn private_mounts() -> io::Result<()> {
+    // SAFETY: unshare and mount with integer flags and static C strings.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::mount(
+            c"none".as_ptr(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
     Ok(())
 }
 
@@ -466,7 +497,11 @@ for target in sys.argv[1:]:
         // The host's listening socket is not in the instance's view of the network.
         assert_eq!(lines[targets.len()], "0", "{out}");
         // The host, with the same program, does reach it: the probe can fail.
-        let host = run(Network::Host, &format!("import sys; sys.argv = ['x', '127.0.0.1:{port}']\n{PROBE}")).await;
+        let host = run(
+            Network::Host,
+            &format!("import sys; sys.argv = ['x', '127.0.0.1:{port}']\n{PROBE}"),
+        )
+        .await;
         assert_eq!(host.1.trim(), "connected", "{host:?}");
     }
 
@@ -475,9 +510,49 @@ for target in sys.argv[1:]:
         if !is_root() {
             return;
         }
-        let (exit, out, err) = run(Network::None, &format!("import sys; sys.argv = ['x', '192.0.2.1:80', '10.0.2.2:80']\n{PROBE}")).await;
+        let (exit, out, err) = run(
+            Network::None,
+            &format!("import sys; sys.argv = ['x', '192.0.2.1:80', '10.0.2.2:80']\n{PROBE}"),
+        )
+        .await;
         assert!(exit.success(), "{exit}: {err}");
         assert_eq!(out, "OSError\nOSError\n");
+    }
+
+    #[tokio::test]
+    async fn outbound_setup_leaves_the_host_mounts_alone() {
+        if !is_root() {
+            return;
+        }
+        // A shared mount with a mount below it, like /run/netns with a named namespace.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let top = dir.path().join("shared");
+        let below = top.join("file");
+        std::fs::create_dir(&top).expect("mkdir");
+        std::fs::write(&below, "").expect("file");
+        let source = dir.path().join("source");
+        std::fs::write(&source, "").expect("source");
+        let mount = |args: &[&std::ffi::OsStr]| {
+            let status = std::process::Command::new("mount").args(args).status();
+            assert!(status.is_ok_and(|s| s.success()), "mount {args:?}");
+        };
+        mount(&["--bind".as_ref(), top.as_os_str(), top.as_os_str()]);
+        mount(&["--make-shared".as_ref(), top.as_os_str()]);
+        mount(&["--bind".as_ref(), source.as_os_str(), below.as_os_str()]);
+        let mounted = || {
+            std::fs::read_to_string("/proc/self/mountinfo")
+                .expect("mountinfo")
+                .lines()
+                .any(|l| l.split(' ').nth(4) == below.to_str())
+        };
+        assert!(mounted());
+        let (exit, _, err) = run(Network::Outbound, "pass").await;
+        let still = mounted();
+        for path in [&below, &top] {
+            let _ = std::process::Command::new("umount").arg(path).status();
+        }
+        assert!(exit.success(), "{exit}: {err}");
+        assert!(still, "starting slirp4netns unmounted a host mount");
     }
 
     #[test]

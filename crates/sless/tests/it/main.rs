@@ -11,6 +11,7 @@
 mod api;
 mod cli;
 mod harness;
+mod hostile_network;
 mod invoke;
 mod jobs;
 mod lifecycle;
