@@ -134,6 +134,7 @@ impl Pending {
         // bwrap has its copies; ours would keep the pipes from reporting EOF.
         drop((info_child, block_child));
         tokio::spawn(async move {
+            let started = std::time::Instant::now();
             let setup = attach(&tools, info_read, exit_slirp, &id);
             let result = match tokio::time::timeout(SETUP_TIMEOUT, setup).await {
                 Ok(r) => r,
@@ -144,6 +145,8 @@ impl Pending {
             };
             match result {
                 Ok(()) => {
+                    let ms = started.elapsed().as_secs_f64() * 1000.0;
+                    tracing::debug!(%id, ms, "outbound network connected");
                     let mut block = File::from(block_write);
                     if let Err(err) = block.write_all(b"1") {
                         tracing::warn!(%id, %err, "cannot release the sandbox after network setup");
