@@ -76,13 +76,12 @@ impl Instance {
         )?;
         let mut spec = process_spec(
             cfg,
-            d.family,
+            (d.family, d.network),
             &id,
             &sock_dir,
             &d.code_dir,
             d.deps_dir.as_deref(),
             d.memory_mb,
-            d.network,
         );
         spec.env.extend(function_env(d));
         let instance = launch(
@@ -127,13 +126,12 @@ impl Instance {
         })?;
         let spec = process_spec(
             cfg,
-            family,
+            (family, network),
             &id,
             &sock_dir,
             &slot.0,
             Some(&slot.1),
             GENERIC_MEMORY_MB,
-            network,
         );
         launch(
             cfg,
@@ -545,17 +543,16 @@ fn function_env(d: &Deployment) -> Vec<(String, String)> {
     env
 }
 
-/// The sandbox spec of an instance of `family` whose code is at `code` (and
+/// The sandbox spec of an instance of `family` with `network` whose code is at `code` (and
 /// dependencies at `deps`); the function-specific environment is added by the caller.
 fn process_spec(
     cfg: &ExecutorConfig,
-    family: RuntimeFamily,
+    (family, network): (RuntimeFamily, NetworkMode),
     id: &str,
     sock_dir: &std::path::Path,
     code: &std::path::Path,
     deps: Option<&std::path::Path>,
     memory_mb: u32,
-    network: NetworkMode,
 ) -> ProcessSpec {
     let (program, shim) = match family {
         RuntimeFamily::Nodejs => (cfg.node.clone(), "/runtime/node/sless_runtime.js"),

@@ -148,9 +148,16 @@ impl Pending {
                     let ms = started.elapsed().as_secs_f64() * 1000.0;
                     tracing::debug!(%id, ms, "outbound network connected");
                     let mut block = File::from(block_write);
-                    if let Err(err) = block.write_all(b"1") {
-                        tracing::warn!(%id, %err, "cannot release the sandbox after network setup");
-                        killer.kill();
+                    match block.write_all(b"1") {
+                        Ok(()) => {}
+                        // The sandbox was killed meanwhile (a stop, a shutdown).
+                        Err(err) if err.kind() == io::ErrorKind::BrokenPipe => {
+                            tracing::debug!(%id, "sandbox gone before its network was ready");
+                        }
+                        Err(err) => {
+                            tracing::warn!(%id, %err, "cannot release the sandbox after network setup");
+                            killer.kill();
+                        }
                     }
                 }
                 Err(err) => {
