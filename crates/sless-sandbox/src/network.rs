@@ -424,7 +424,7 @@ mod tests {
         unsafe { libc::geteuid() == 0 }
     }
 
-    /// Runs `script` with `network` in a real sandbox; its stdout.
+    /// Runs `script` with `network` in a real sandbox: its exit, stdout and stderr.
     async fn run(network: Network, script: &str) -> (crate::Exit, String, String) {
         let cfg = crate::SandboxConfig {
             cgroup_name: format!("sless-test-{}-net", std::process::id()),
@@ -452,6 +452,11 @@ mod tests {
             stderr.read_to_string(&mut err),
             child.wait()
         );
+        drop(child);
+        // Best effort: a parent another test of this process still uses stays.
+        for dir in sandbox.cgroup_parents() {
+            let _ = std::fs::remove_dir(dir);
+        }
         (exit, out, err)
     }
 

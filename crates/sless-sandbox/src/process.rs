@@ -272,7 +272,7 @@ pub(crate) fn spawn(
     } else {
         (None, None)
     };
-    // At most 3 descriptors: the ready pipe and the network setup's two.
+    // The ready pipe and the network setup's two, at most.
     let mut fds = [(-1, -1); MAX_MAPPED_FDS];
     let mut count = 0;
     let wanted = ready_writer
@@ -387,8 +387,8 @@ pub(crate) const MAX_MAPPED_FDS: usize = 4;
 /// Makes each `(from, to)` descriptor available as `to` in the program about to be
 /// executed (not close-on-exec). Async-signal-safe: fcntl and dup2 only, no allocation.
 ///
-/// Every `from` is first copied above all targets, so moving one onto a number another
-/// still occupies cannot clobber it.
+/// Every `from` is first copied to 64 or above (every target is lower), so moving one onto
+/// a number another still occupies cannot clobber it.
 pub(crate) fn map_fds(fds: &[(RawFd, RawFd)]) -> io::Result<()> {
     if fds.len() > MAX_MAPPED_FDS {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
