@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian machine for sless: installs the system packages it runs
-# functions with (bubblewrap, Python, Node.js, npm), builds the binary and puts
+# functions with (bubblewrap, slirp4netns and iproute2 for their network, Python,
+# Node.js, npm), builds the binary and puts
 # it on PATH as /usr/local/bin/sless. Run as root (or with sudo).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -8,6 +9,8 @@ cd "$(dirname "$0")"
 need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
+command -v slirp4netns >/dev/null || need_apt+=(slirp4netns)
+[ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || [ -x /usr/bin/ip ] || [ -x /bin/ip ] || need_apt+=(iproute2)
 [ -x /usr/bin/python3 ] || need_apt+=(python3)
 /usr/bin/python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 command -v node >/dev/null || need_apt+=(nodejs)

@@ -14,6 +14,9 @@ pub enum ApiError {
     /// No or bad credentials.
     #[error("{0}")]
     Unauthorized(String),
+    /// Authenticated, but not allowed to do this.
+    #[error("{0}")]
+    Forbidden(String),
     /// Not found, or not visible to the caller.
     #[error("{0}")]
     NotFound(String),
@@ -111,6 +114,7 @@ impl IntoResponse for ApiError {
         let (status, code) = match &self {
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "invalid"),
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),

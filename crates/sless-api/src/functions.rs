@@ -12,7 +12,7 @@ use chrono::Utc;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sless_blob::{BlobError, Stored};
-use sless_core::{FunctionSpec, FunctionStatus, Phase};
+use sless_core::{FunctionSpec, FunctionStatus, NetworkMode, Phase};
 use sless_executor::{InvokeError, InvokeRequest};
 use sless_records::{Invocation, InvocationSource};
 use sless_store::{CodeOwner, FunctionChange, FunctionRecord};
@@ -95,6 +95,7 @@ pub async fn create(
     let mut spec: FunctionSpec = serde_path_to_error::deserialize(Value::Object(fields))
         .map_err(|e| ApiError::bad(spec_error(e)))?;
     let runtime = spec.validate()?;
+    check_network(&s, &caller, spec.network)?;
     if matches!(
         runtime.family,
         sless_core::RuntimeFamily::Go | sless_core::RuntimeFamily::Custom
@@ -123,6 +124,18 @@ pub async fn create(
     };
     s.store.create_function(&record).await?;
     Ok((StatusCode::CREATED, Json(function_json(&s, &record))).into_response())
+}
+
+/// `"network": "host"` puts a function on the host's network, with the server's own
+/// API and every service on the host in reach: the admin's decision unless the server
+/// was started with `--allow-host-network`.
+fn check_network(s: &AppState, caller: &Caller, network: NetworkMode) -> Result<(), ApiError> {
+    if network == NetworkMode::Host && *caller != Caller::Admin && !s.allow_host_network {
+        return Err(ApiError::Forbidden(
+            "network: \"host\" needs the admin token (or a server started with --allow-host-network); use \"outbound\" or \"none\"".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Names the offending field: `memory_mb: invalid type: string "lots", expected u32`.
@@ -160,6 +173,9 @@ pub async fn patch(
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
+    if body.get("network").and_then(Value::as_str) == Some(NetworkMode::Host.as_str()) {
+        check_network(&s, &caller, NetworkMode::Host)?;
+    }
     if let Some(runtime) = body.get("runtime").and_then(Value::as_str) {
         let family = sless_core::Runtime::parse(runtime)?.family;
         if matches!(

@@ -64,6 +64,8 @@ pub struct AppState {
     /// Serialise read-merge-write patches so concurrent ones never lose edits.
     pub trigger_patch_lock: Arc<tokio::sync::Mutex<()>>,
     pub job_patch_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Namespace tokens may give functions `"network": "host"` (otherwise only the admin).
+    pub allow_host_network: bool,
 }
 
 /// Largest JSON document accepted by the object endpoints.

@@ -86,7 +86,9 @@ impl Group {
             "server_rss_mb_idle" => Group::Rss,
             "bare_python_ms_p50" => Group::Bare,
             "deploy_ms_p50" => Group::Deploy,
-            "cold_ms_p50_python" | "cold_ms_p99_python" => Group::ColdPython,
+            "cold_ms_p50_python" | "cold_ms_p99_python" | "cold_ms_p50_python_hostnet" => {
+                Group::ColdPython
+            }
             "cold_ms_p50_node" => Group::ColdNode,
             "warm_rps_direct"
             | "warm_rps_gateway"

@@ -151,67 +151,94 @@ pub enum ColdRuntime {
 }
 
 /// `cold_ms_p50_python`/`cold_ms_p99_python` or `cold_ms_p50_node`: the first request to a
-/// function at zero instances, through `/fn/`, client-observed.
+/// function at zero instances, through `/fn/`, client-observed. Python is measured twice in
+/// the same run, interleaved so both see the same machine: with the default network
+/// (`outbound`: a namespace of its own behind slirp4netns) and with `"network": "host"`
+/// (`cold_ms_p50_python_hostnet`), which shows what the isolation costs.
 pub async fn cold(
     server: &Server,
     runtime: ColdRuntime,
     runs: usize,
     figures: &mut Figures,
 ) -> Result<()> {
-    let (name, runtime_name, file, source) = match runtime {
-        ColdRuntime::Python => ("bench-cold-py", "python3", "handler.py", code::HELLO_PY),
-        ColdRuntime::Node => ("bench-cold-node", "nodejs", "handler.js", code::HELLO_NODE),
+    let (runtime_name, file, source) = match runtime {
+        ColdRuntime::Python => ("python3", "handler.py", code::HELLO_PY),
+        ColdRuntime::Node => ("nodejs", "handler.js", code::HELLO_NODE),
+    };
+    let subjects: &[(&str, Option<&str>)] = match runtime {
+        ColdRuntime::Python => &[
+            ("bench-cold-py", None),
+            ("bench-cold-py-hostnet", Some("host")),
+        ],
+        ColdRuntime::Node => &[("bench-cold-node", None)],
     };
     progress!("cold start {runtime_name}, {runs} runs");
-    // Every deploy starts one instance of the new revision, even at min_instances 0 (it proves
-    // the revision loads), so a new revision alone does not bring the function back to zero.
-    // The shortest idle timeout lets the reaper stop that instance, and the one each measured
-    // request started, within a couple of seconds.
-    let spec = json!({"runtime": runtime_name, "min_instances": 0, "idle_timeout_sec": 1});
-    create(server, name, &spec, &[(file, source)]).await?;
-    let url = format!("http://{}/fn/{NS}/{name}", server.addr);
-    let mut samples = Vec::with_capacity(runs);
-    for run in 0..runs {
-        if run > 0 {
-            // A new revision each run: the request is the first of code no instance has
-            // served before, as after a deploy.
-            let patched = server
-                .client
-                .patch_function(NS, name, &json!({"env": {"RUN": run.to_string()}}))
-                .await
-                .map_err(api(format!("patch {name}")))?;
-            wait_ready(server, name, patched.status.revision, POLL).await?;
+    for (name, network) in subjects {
+        // Every deploy starts one instance of the new revision, even at min_instances 0 (it
+        // proves the revision loads), so a new revision alone does not bring the function
+        // back to zero. The shortest idle timeout lets the reaper stop that instance, and
+        // the one each measured request started, within a couple of seconds.
+        let mut spec = json!({"runtime": runtime_name, "min_instances": 0, "idle_timeout_sec": 1});
+        if let Some(network) = network {
+            spec["network"] = json!(network);
         }
-        wait_no_instances(server, name).await?;
-        let start = Instant::now();
-        let resp = server
-            .client
-            .http()
-            .get(&url)
-            .send()
-            .await
-            .map_err(|e| BenchError::Setup(format!("first request to {name} failed: {e}")))?;
-        let status = resp.status().as_u16();
-        let body = resp.text().await.unwrap_or_default();
-        let took = start.elapsed();
-        if status != 200 || !body.contains("world") {
-            return Err(BenchError::BadResponse {
-                what: format!("first request to {name}"),
-                status,
-                body: body.chars().take(300).collect(),
-            });
-        }
-        samples.push(took);
+        create(server, name, &spec, &[(file, source)]).await?;
     }
-    remove(server, name).await?;
+    let mut samples = vec![Vec::with_capacity(runs); subjects.len()];
+    for run in 0..runs {
+        for ((name, _), samples) in subjects.iter().zip(&mut samples) {
+            samples.push(cold_once(server, name, run).await?);
+        }
+    }
+    for (name, _) in subjects {
+        remove(server, name).await?;
+    }
     match runtime {
         ColdRuntime::Python => {
-            figures.set("cold_ms_p50_python", percentile_ms(&samples, 50.0));
-            figures.set("cold_ms_p99_python", percentile_ms(&samples, 99.0));
+            figures.set("cold_ms_p50_python", percentile_ms(&samples[0], 50.0));
+            figures.set("cold_ms_p99_python", percentile_ms(&samples[0], 99.0));
+            figures.set(
+                "cold_ms_p50_python_hostnet",
+                percentile_ms(&samples[1], 50.0),
+            );
         }
-        ColdRuntime::Node => figures.set("cold_ms_p50_node", percentile_ms(&samples, 50.0)),
+        ColdRuntime::Node => figures.set("cold_ms_p50_node", percentile_ms(&samples[0], 50.0)),
     }
     Ok(())
+}
+
+/// One cold request to `name`: after the first run, a new revision (the request is the first
+/// of code no instance has served before, as after a deploy), then zero instances.
+async fn cold_once(server: &Server, name: &str, run: usize) -> Result<Duration> {
+    if run > 0 {
+        let patched = server
+            .client
+            .patch_function(NS, name, &json!({"env": {"RUN": run.to_string()}}))
+            .await
+            .map_err(api(format!("patch {name}")))?;
+        wait_ready(server, name, patched.status.revision, POLL).await?;
+    }
+    wait_no_instances(server, name).await?;
+    let url = format!("http://{}/fn/{NS}/{name}", server.addr);
+    let start = Instant::now();
+    let resp = server
+        .client
+        .http()
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| BenchError::Setup(format!("first request to {name} failed: {e}")))?;
+    let status = resp.status().as_u16();
+    let body = resp.text().await.unwrap_or_default();
+    let took = start.elapsed();
+    if status != 200 || !body.contains("world") {
+        return Err(BenchError::BadResponse {
+            what: format!("first request to {name}"),
+            status,
+            body: body.chars().take(300).collect(),
+        });
+    }
+    Ok(took)
 }
 
 /// The minimal event the direct and plain-Node runs hand the handler.

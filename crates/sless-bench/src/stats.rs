@@ -72,6 +72,7 @@ pub const FIGURES: &[(&str, &str, Option<Target>)] = &[
         }),
     ),
     ("cold_ms_p99_python", "ms", None),
+    ("cold_ms_p50_python_hostnet", "ms", None),
     ("cold_ms_p50_node", "ms", None),
     ("warm_rps_direct", "req/s", None),
     ("warm_rps_gateway", "req/s", None),

@@ -837,7 +837,13 @@ impl Builder {
             cwd: PathBuf::from(cwd),
             memory_mb: self.cfg.memory_mb,
             max_pids: BUILD_MAX_PIDS,
-            network,
+            // Installs keep the host's network (registries, and resolvers on the host);
+            // see docs/security-notes/network.md.
+            network: if network {
+                sless_sandbox::Network::Host
+            } else {
+                sless_sandbox::Network::None
+            },
             ready_pipe: false,
             listen: None,
         }

@@ -332,6 +332,7 @@ impl Jobs {
             idle_timeout_sec: 3600,
             paused: false,
             private: true,
+            network: sless_core::NetworkMode::default(),
             code_dir: output.code_dir,
             deps_dir: output.deps_dir,
         }))

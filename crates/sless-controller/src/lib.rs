@@ -425,6 +425,7 @@ impl Controller {
             idle_timeout_sec: spec.idle_timeout_sec,
             paused: spec.paused,
             private: spec.private,
+            network: spec.network,
             code_dir: output.code_dir,
             deps_dir: output.deps_dir,
         };

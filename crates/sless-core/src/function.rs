@@ -36,6 +36,34 @@ pub struct FunctionSpec {
     pub paused: bool,
     #[serde(default)]
     pub private: bool,
+    /// What the function's instances may reach (see [`NetworkMode`]).
+    #[serde(default)]
+    pub network: NetworkMode,
+}
+
+/// The network a function's instances get.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// The outside world (private ranges included), but not the host at any of its
+    /// addresses and not other instances.
+    #[default]
+    Outbound,
+    /// No network at all (loopback inside the instance only).
+    None,
+    /// The host's network, unfiltered; only an admin may choose it unless the server
+    /// allows it for everyone.
+    Host,
+}
+
+impl NetworkMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkMode::Outbound => "outbound",
+            NetworkMode::None => "none",
+            NetworkMode::Host => "host",
+        }
+    }
 }
 
 mod defaults {
@@ -73,6 +101,7 @@ pub const SPEC_FIELDS: &[&str] = &[
     "idle_timeout_sec",
     "paused",
     "private",
+    "network",
 ];
 
 impl FunctionSpec {
@@ -291,8 +320,26 @@ mod tests {
             (0, 10, 16, 60)
         );
         assert!(!s.paused && !s.private);
+        assert_eq!(s.network, NetworkMode::Outbound);
         let go = spec(serde_json::json!({"runtime": "go1.23"})).unwrap();
         assert_eq!(go.entrypoint, "Handle");
+    }
+
+    #[test]
+    fn network_modes_are_the_contract_words() {
+        for (word, mode) in [
+            ("outbound", NetworkMode::Outbound),
+            ("none", NetworkMode::None),
+            ("host", NetworkMode::Host),
+        ] {
+            let s = spec(serde_json::json!({"runtime": "python3", "network": word})).unwrap();
+            assert_eq!(s.network, mode);
+            assert_eq!(mode.as_str(), word);
+            assert_eq!(serde_json::to_value(s).unwrap()["network"], word);
+        }
+        let err = spec(serde_json::json!({"runtime": "python3", "network": "bridge"})).unwrap_err();
+        assert!(err.contains("unknown variant `bridge`"), "{err}");
+        assert!(SPEC_FIELDS.contains(&"network"));
     }
 
     #[test]

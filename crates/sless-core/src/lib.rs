@@ -10,7 +10,7 @@ pub mod patch;
 pub mod runtime;
 pub mod trigger;
 
-pub use function::{FunctionSpec, FunctionStatus, InstanceCounts, Phase};
+pub use function::{FunctionSpec, FunctionStatus, InstanceCounts, NetworkMode, Phase};
 pub use job::{JobPhase, JobSpec, JobStatus};
 pub use name::validate_name;
 pub use runtime::{Runtime, RuntimeFamily};

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use sless_core::RuntimeFamily;
+use sless_core::{NetworkMode, RuntimeFamily};
 use sless_logs::LogSink;
-use sless_sandbox::{Exit, Killer, Mount, ProcessSpec, Sandbox};
+use sless_sandbox::{Exit, Killer, Mount, Network, ProcessSpec, Sandbox};
 use sless_wire::{Conn, RequestHead};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::net::UnixStream;
@@ -36,6 +36,7 @@ pub(crate) struct Instance {
     /// The revision it serves; 0 while it is a generic (pre-started) instance.
     revision: AtomicU64,
     family: RuntimeFamily,
+    network: NetworkMode,
     socket: PathBuf,
     run_dir: PathBuf,
     /// Where the function's files are linked in when a generic instance is specialised.
@@ -76,7 +77,7 @@ impl Instance {
         })?;
         let mut spec = process_spec(
             cfg,
-            d.family,
+            (d.family, d.network),
             &id,
             &sock_dir,
             &d.code_dir,
@@ -91,7 +92,7 @@ impl Instance {
             Arc::new(SinkSlot::new(Some(sink.clone()))),
             run_dir,
             None,
-            d.family,
+            (d.family, d.network),
             d.cpu,
         )
         .await?;
@@ -99,12 +100,14 @@ impl Instance {
         Ok(instance)
     }
 
-    /// Starts a generic instance of a runtime family: sandboxed, interpreter and
-    /// shim loaded, no function yet. [`Instance::specialise`] gives it one.
+    /// Starts a generic instance of a runtime family with a network mode: sandboxed
+    /// (its network connected), interpreter and shim loaded, no function yet.
+    /// [`Instance::specialise`] gives it one.
     pub async fn start_generic(
         cfg: &ExecutorConfig,
         sandbox: &Sandbox,
         family: RuntimeFamily,
+        network: NetworkMode,
         id: String,
     ) -> Result<Arc<Instance>, String> {
         let run_dir = cfg.run_dir.join(&id);
@@ -118,7 +121,7 @@ impl Instance {
         })?;
         let spec = process_spec(
             cfg,
-            family,
+            (family, network),
             &id,
             &sock_dir,
             &slot.0,
@@ -132,7 +135,7 @@ impl Instance {
             Arc::new(SinkSlot::new(None)),
             run_dir,
             Some(slot),
-            family,
+            (family, network),
             crate::DEFAULT_CPU_MILLICORES,
         )
         .await
@@ -148,6 +151,9 @@ impl Instance {
         };
         if self.family != d.family {
             return Err(SpecialiseError::Platform("runtime family differs".into()));
+        }
+        if self.network != d.network {
+            return Err(SpecialiseError::Platform("network mode differs".into()));
         }
         let (src_code, src_deps) = (d.code_dir.clone(), d.deps_dir.clone());
         let (dst_code, dst_deps) = (code.clone(), deps.clone());
@@ -375,7 +381,7 @@ async fn launch(
     sink: Arc<SinkSlot>,
     run_dir: PathBuf,
     slot: Option<(PathBuf, PathBuf)>,
-    family: RuntimeFamily,
+    (family, network): (RuntimeFamily, NetworkMode),
     cpu_millicores: u32,
 ) -> Result<Arc<Instance>, String> {
     let id = spec.id.clone();
@@ -449,6 +455,7 @@ async fn launch(
         id,
         revision: AtomicU64::new(0),
         family,
+        network,
         socket: run_dir.join("sock").join("fn.sock"),
         run_dir,
         slot,
@@ -570,11 +577,11 @@ fn function_env(d: &Deployment) -> Vec<(String, String)> {
     env
 }
 
-/// The sandbox spec of an instance of `family` whose code is at `code` (and
+/// The sandbox spec of an instance of `family` with `network` whose code is at `code` (and
 /// dependencies at `deps`); the function-specific environment is added by the caller.
 fn process_spec(
     cfg: &ExecutorConfig,
-    family: RuntimeFamily,
+    (family, network): (RuntimeFamily, NetworkMode),
     id: &str,
     sock_dir: &std::path::Path,
     code: &std::path::Path,
@@ -629,7 +636,11 @@ fn process_spec(
         cwd: "/code".into(),
         memory_mb,
         max_pids: cfg.max_pids,
-        network: true,
+        network: match network {
+            NetworkMode::Outbound => Network::Outbound,
+            NetworkMode::None => Network::None,
+            NetworkMode::Host => Network::Host,
+        },
         ready_pipe: true,
         listen: Some(sock_dir.join("fn.sock")),
     }

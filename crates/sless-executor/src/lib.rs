@@ -21,7 +21,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use sless_core::{InstanceCounts, RuntimeFamily};
+use sless_core::{InstanceCounts, NetworkMode, RuntimeFamily};
 use sless_logs::LogStore;
 use sless_sandbox::Sandbox;
 
@@ -45,7 +45,9 @@ pub struct ExecutorConfig {
     pub max_queue: usize,
     /// Process-count limit per instance.
     pub max_pids: u32,
-    /// Generic instances kept pre-started per runtime family (0 disables the warm pool).
+    /// Generic instances kept pre-started per runtime family and network mode in use
+    /// (0 disables the warm pool). `outbound` is kept from the start; another mode once
+    /// a function with it has started.
     pub prewarm_per_runtime: usize,
     /// How long an instance must have been idle (no request in flight) before it is
     /// frozen: its processes get no CPU until the next request thaws it. Checked once a
@@ -79,6 +81,8 @@ pub struct Deployment {
     pub paused: bool,
     /// `/fn/` requires a token of the function's namespace.
     pub private: bool,
+    /// What its instances may reach over the network.
+    pub network: NetworkMode,
     pub code_dir: PathBuf,
     pub deps_dir: Option<PathBuf>,
 }

@@ -113,7 +113,7 @@ impl Pool {
     /// A ready instance of `d`: a pre-started generic one given the function when
     /// the warm pool has one, otherwise a freshly started one.
     async fn obtain(&self, d: &Deployment, id: String) -> Result<Arc<Instance>, String> {
-        if let Some(generic) = self.warm.as_ref().and_then(|w| w.take(d.family)) {
+        if let Some(generic) = self.warm.as_ref().and_then(|w| w.take(d.family, d.network)) {
             match generic.specialise(d, &self.sink).await {
                 Ok(()) => return Ok(generic),
                 Err(SpecialiseError::Load(message)) => {

@@ -4,13 +4,17 @@
 //! generic instance has done all of that ahead of time; taking one for a function
 //! costs linking the function's files into its code directory and importing the
 //! user's module. The pool refills itself in the background.
+//!
+//! Instances differ by network mode (an outbound one has its namespace connected
+//! before its interpreter starts), so pools are per (runtime family, network mode):
+//! the default `outbound` ones fill at start, another mode's on its first use.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use sless_core::RuntimeFamily;
+use sless_core::{NetworkMode, RuntimeFamily};
 use sless_sandbox::Sandbox;
 
 use crate::ExecutorConfig;
@@ -25,12 +29,15 @@ pub(crate) struct WarmPool {
     me: Weak<WarmPool>,
 }
 
+/// What makes generic instances interchangeable.
+type Kind = (RuntimeFamily, NetworkMode);
+
 #[derive(Default)]
 struct WarmState {
-    idle: HashMap<RuntimeFamily, Vec<Arc<Instance>>>,
-    starting: HashMap<RuntimeFamily, usize>,
-    /// Consecutive failed starts per family, for back-off.
-    failures: HashMap<RuntimeFamily, u32>,
+    idle: HashMap<Kind, Vec<Arc<Instance>>>,
+    starting: HashMap<Kind, usize>,
+    /// Consecutive failed starts per kind, for back-off.
+    failures: HashMap<Kind, u32>,
     closed: bool,
 }
 
@@ -50,7 +57,7 @@ impl WarmPool {
             me: me.clone(),
         });
         for family in [RuntimeFamily::Python3, RuntimeFamily::Nodejs] {
-            pool.refill(family);
+            pool.refill((family, NetworkMode::default()));
         }
         pool
     }
@@ -59,11 +66,12 @@ impl WarmPool {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A live generic instance of `family`, if one is ready.
-    pub fn take(&self, family: RuntimeFamily) -> Option<Arc<Instance>> {
+    /// A live generic instance of `family` with `network`, if one is ready.
+    pub fn take(&self, family: RuntimeFamily, network: NetworkMode) -> Option<Arc<Instance>> {
+        let kind = (family, network);
         let taken = {
             let mut st = self.lock();
-            let idle = st.idle.entry(family).or_default();
+            let idle = st.idle.entry(kind).or_default();
             let mut taken = None;
             while let Some(instance) = idle.pop() {
                 if instance.is_dead() {
@@ -75,12 +83,12 @@ impl WarmPool {
             }
             taken
         };
-        self.refill(family);
+        self.refill(kind);
         taken
     }
 
     /// Starts generic instances until `target` are idle or starting.
-    fn refill(&self, family: RuntimeFamily) {
+    fn refill(&self, kind: Kind) {
         if self.target == 0 {
             return;
         }
@@ -88,11 +96,11 @@ impl WarmPool {
         if st.closed {
             return;
         }
-        let have = st.idle.get(&family).map_or(0, Vec::len)
-            + st.starting.get(&family).copied().unwrap_or(0);
-        let failures = st.failures.get(&family).copied().unwrap_or(0);
+        let have =
+            st.idle.get(&kind).map_or(0, Vec::len) + st.starting.get(&kind).copied().unwrap_or(0);
+        let failures = st.failures.get(&kind).copied().unwrap_or(0);
         for _ in have..self.target {
-            *st.starting.entry(family).or_default() += 1;
+            *st.starting.entry(kind).or_default() += 1;
             let Some(pool) = self.me.upgrade() else {
                 return;
             };
@@ -105,23 +113,25 @@ impl WarmPool {
             };
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                let started = Instance::start_generic(&pool.cfg, &pool.sandbox, family, id).await;
+                let (family, network) = kind;
+                let started =
+                    Instance::start_generic(&pool.cfg, &pool.sandbox, family, network, id).await;
                 let mut st = pool.lock();
-                *st.starting.entry(family).or_default() -= 1;
+                *st.starting.entry(kind).or_default() -= 1;
                 match started {
                     Ok(instance) if !st.closed => {
-                        st.failures.remove(&family);
-                        st.idle.entry(family).or_default().push(instance);
+                        st.failures.remove(&kind);
+                        st.idle.entry(kind).or_default().push(instance);
                     }
                     Ok(instance) => {
                         instance.kill();
                         instance.cleanup();
                     }
                     Err(e) => {
-                        tracing::warn!(runtime = family.as_str(), error = %e, "cannot pre-start a generic instance");
-                        *st.failures.entry(family).or_default() += 1;
+                        tracing::warn!(runtime = family.as_str(), network = network.as_str(), error = %e, "cannot pre-start a generic instance");
+                        *st.failures.entry(kind).or_default() += 1;
                         drop(st);
-                        pool.refill(family);
+                        pool.refill(kind);
                     }
                 }
             });

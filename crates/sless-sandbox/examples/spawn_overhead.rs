@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
 
-use sless_sandbox::{ProcessSpec, Sandbox, SandboxConfig};
+use sless_sandbox::{Network, ProcessSpec, Sandbox, SandboxConfig};
 
 const PYTHON: &str = "/usr/bin/python3";
 const SCRIPT: &str = "import os; os.write(3, b'r')";
@@ -79,7 +79,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             cwd: "/".into(),
             memory_mb: 128,
             max_pids: 64,
-            network: true,
+            network: Network::Host,
             ready_pipe: true,
             listen: None,
         };

@@ -7,6 +7,7 @@ use std::ffi::OsString;
 use std::fs;
 use std::path::{Component, Path, PathBuf};
 
+use crate::network::{self, Network};
 use crate::{Mount, ProcessSpec};
 
 /// Root-level entries that on a merged-/usr host are symlinks into `/usr` (and on an older
@@ -183,13 +184,24 @@ pub(crate) fn build_args(
         Privilege::Root { .. } => {
             args.push(["--unshare-ipc", "--unshare-pid", "--unshare-uts"]);
             args.push(["--unshare-cgroup-try"]);
-            if !spec.network {
-                args.push(["--unshare-net"]);
+            match spec.network {
+                Network::Host => {}
+                Network::None => args.push(["--unshare-net"]),
+                // bwrap reports the namespace's init on INFO_FD and waits on BLOCK_FD
+                // until `network` has connected the namespace.
+                Network::Outbound => args.push([
+                    "--unshare-net".to_owned(),
+                    "--info-fd".to_owned(),
+                    network::INFO_FD.to_string(),
+                    "--block-fd".to_owned(),
+                    network::BLOCK_FD.to_string(),
+                ]),
             }
         }
         Privilege::Unprivileged => {
             args.push(["--unshare-all"]);
-            if spec.network {
+            // No root to connect a namespace: outbound shares the host's network.
+            if spec.network != Network::None {
                 args.push(["--share-net"]);
             }
         }
@@ -347,7 +359,7 @@ mod tests {
             cwd: "/code".into(),
             memory_mb: 64,
             max_pids: 16,
-            network: true,
+            network: Network::Host,
             ready_pipe: true,
             listen: None,
         }
@@ -467,9 +479,17 @@ mod tests {
             "would add a user ns"
         );
         let mut isolated = spec();
-        isolated.network = false;
+        isolated.network = Network::None;
         let without = strings(build_args(&isolated, &layout(), &root()));
         assert!(without.contains(&"--unshare-net".to_owned()));
+        assert!(!without.contains(&"--block-fd".to_owned()));
+        isolated.network = Network::Outbound;
+        let outbound = strings(build_args(&isolated, &layout(), &root()));
+        let held = find(
+            &outbound,
+            &["--unshare-net", "--info-fd", "10", "--block-fd", "11"],
+        );
+        assert!(held.is_some(), "{outbound:?}");
     }
 
     #[test]
@@ -484,7 +504,7 @@ mod tests {
         );
         assert_eq!(tail, Some(args.len() - 5));
         let mut isolated = spec();
-        isolated.network = false;
+        isolated.network = Network::None;
         let args = strings(build_args(&isolated, &layout(), &Privilege::Unprivileged));
         assert!(!args.contains(&"--share-net".to_owned()));
     }

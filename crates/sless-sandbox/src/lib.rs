@@ -19,6 +19,7 @@
 
 mod bwrap;
 mod cgroup;
+mod network;
 mod process;
 mod seccomp;
 #[cfg(test)]
@@ -31,6 +32,7 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use network::Network;
 pub use process::{Child, Exit, Killer};
 
 use crate::bwrap::{HostLayout, Privilege};
@@ -73,8 +75,8 @@ pub struct ProcessSpec {
     pub memory_mb: u32,
     /// Limit on tasks (processes and threads, bwrap's two included); 0 means none.
     pub max_pids: u32,
-    /// Share the host network (outbound calls, package installs). Always true for now.
-    pub network: bool,
+    /// What the process may reach over the network (see [`Network`]).
+    pub network: Network,
     /// Pass a pipe as fd 3 and expose its read end as [`Child::ready`].
     pub ready_pipe: bool,
     /// A host path where the sandbox creates a listening Unix socket (replacing a stale
@@ -130,6 +132,9 @@ pub struct Capabilities {
     pub freezer: bool,
     /// Programs run as `SandboxConfig::uid`/`gid` without capabilities (root mode).
     pub drops_privileges: bool,
+    /// [`Network::Outbound`] keeps the host out (root mode with slirp4netns and `ip`);
+    /// otherwise it is refused in root mode and means the host's network when not root.
+    pub outbound_isolation: bool,
 }
 
 /// Errors of the sandbox.
@@ -176,6 +181,12 @@ pub enum SandboxError {
     /// Handing the seccomp filter to bwrap failed.
     #[error("seccomp filter of {id:?}: {source}")]
     Seccomp { id: String, source: io::Error },
+    /// [`Network::Outbound`] was asked for but cannot be provided here.
+    #[error("cannot give {id:?} an outbound network: {reason}")]
+    NetworkUnavailable { id: String, reason: String },
+    /// Creating the pipes of the network setup failed.
+    #[error("network setup pipes of {id:?}: {source}")]
+    NetworkPipes { id: String, source: io::Error },
     /// Changing the owner of a directory for the sandbox user failed.
     #[error("cannot hand {path} to the sandbox user: {source}")]
     Chown { path: PathBuf, source: io::Error },
@@ -190,6 +201,8 @@ pub struct Sandbox {
     hierarchy: Option<Hierarchy>,
     /// The compiled seccomp filter (see `seccomp.rs`).
     seccomp: Vec<u8>,
+    /// The tools of [`Network::Outbound`], or why they are unusable.
+    net_tools: Result<Arc<network::Tools>, String>,
 }
 
 impl Sandbox {
@@ -253,12 +266,26 @@ impl Sandbox {
             None
         };
 
+        let net_tools = match privilege {
+            Privilege::Root { .. } => network::Tools::detect().map(Arc::new),
+            Privilege::Unprivileged => Err("not running as root".to_owned()),
+        };
+        match (&privilege, &net_tools) {
+            (Privilege::Root { .. }, Err(why)) => tracing::warn!(
+                "{why}: functions with the outbound network (the default) cannot start"
+            ),
+            (Privilege::Unprivileged, _) => tracing::warn!(
+                "not running as root: functions with the outbound network share the host's network"
+            ),
+            _ => {}
+        }
         let sandbox = Sandbox {
             layout: HostLayout::detect(),
             cfg,
             privilege,
             hierarchy,
             seccomp: seccomp::program(),
+            net_tools,
         };
         sandbox.probe()?;
         let caps = sandbox.capabilities();
@@ -285,6 +312,7 @@ impl Sandbox {
             cpu_limit: self.hierarchy.as_ref().is_some_and(Hierarchy::cpu),
             freezer: self.hierarchy.as_ref().is_some_and(Hierarchy::freezer),
             drops_privileges: matches!(self.privilege, Privilege::Root { .. }),
+            outbound_isolation: self.net_tools.is_ok(),
         }
     }
 
@@ -323,6 +351,26 @@ impl Sandbox {
             id: spec.id.clone(),
             reason,
         })?;
+        // In root mode an outbound instance waits, before its program starts, for its
+        // namespace to be connected (see `network`).
+        let net = match (&self.privilege, spec.network) {
+            (Privilege::Root { .. }, Network::Outbound) => {
+                let tools =
+                    self.net_tools
+                        .as_ref()
+                        .map_err(|reason| SandboxError::NetworkUnavailable {
+                            id: spec.id.clone(),
+                            reason: reason.clone(),
+                        })?;
+                let pending =
+                    network::Pending::new().map_err(|source| SandboxError::NetworkPipes {
+                        id: spec.id.clone(),
+                        source,
+                    })?;
+                Some((tools.clone(), pending))
+            }
+            _ => None,
+        };
         let argv = bwrap::build_args(spec, &self.layout, &self.privilege);
         let mut fds = vec![(self.seccomp_fd(&spec.id)?, SECCOMP_FD)];
         if let Some(path) = &spec.listen {
@@ -332,6 +380,16 @@ impl Sandbox {
             Some(h) => Some(self.create_cgroup(h, spec)?),
             None => None,
         };
+        if let Some((_, pending)) = &net {
+            fds.extend(
+                pending
+                    .child_fds()
+                    .map_err(|source| SandboxError::NetworkPipes {
+                        id: spec.id.clone(),
+                        source,
+                    })?,
+            );
+        }
         let result = process::spawn(
             handle,
             process::Launch {
@@ -344,6 +402,12 @@ impl Sandbox {
                 cgroup: cgroup.clone(),
             },
         );
+        let result = result.map(|mut child| {
+            if let Some((tools, pending)) = net {
+                child.net_exit = Some(pending.start(tools, spec.id.clone(), child.killer()));
+            }
+            child
+        });
         if result.is_err()
             && let Some(cgroup) = cgroup
             && let Err(err) = cgroup::kill_and_remove(cgroup.as_ref(), process::DRAIN_TIMEOUT)
@@ -438,7 +502,7 @@ impl Sandbox {
             cwd: PathBuf::from("/"),
             memory_mb: 0,
             max_pids: 0,
-            network: false,
+            network: Network::None,
             ready_pipe: false,
             listen: None,
         };

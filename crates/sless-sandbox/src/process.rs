@@ -51,6 +51,8 @@ pub struct Child {
     id: String,
     cgroup: Option<Arc<dyn Cgroup>>,
     killer: Killer,
+    /// Closing it ends the instance's slirp4netns (outbound network only).
+    pub(crate) net_exit: Option<OwnedFd>,
 }
 
 /// A handle that kills an instance, usable while another task owns the [`Child`] and
@@ -381,6 +383,7 @@ pub(crate) fn spawn(
         id: id.to_owned(),
         cgroup,
         killer,
+        net_exit: None,
     })
 }
 
@@ -504,6 +507,37 @@ fn cloexec_from(first: RawFd) -> io::Result<()> {
         // SAFETY: fcntl with integer arguments; EBADF for unused numbers is ignored.
         unsafe {
             libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
+    Ok(())
+}
+
+/// Most descriptors [`map_fds`] moves at once.
+pub(crate) const MAX_MAPPED_FDS: usize = 4;
+
+/// Makes each `(from, to)` descriptor available as `to` in the program about to be
+/// executed (not close-on-exec). Async-signal-safe: fcntl and dup2 only, no allocation.
+///
+/// Every `from` is first copied to 64 or above (every target is lower), so moving one onto
+/// a number another still occupies cannot clobber it.
+pub(crate) fn map_fds(fds: &[(RawFd, RawFd)]) -> io::Result<()> {
+    if fds.len() > MAX_MAPPED_FDS {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut moved = [-1; MAX_MAPPED_FDS];
+    for (slot, &(from, _)) in moved.iter_mut().zip(fds) {
+        // SAFETY: fcntl on an open descriptor with integer arguments; the copy is
+        // close-on-exec, so it does not leak into the program.
+        let copy = unsafe { libc::fcntl(from, libc::F_DUPFD_CLOEXEC, 64) };
+        if copy < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        *slot = copy;
+    }
+    for (&copy, &(_, to)) in moved.iter().zip(fds) {
+        // SAFETY: dup2 between two descriptor numbers; the new `to` is not close-on-exec.
+        if unsafe { libc::dup2(copy, to) } < 0 {
+            return Err(io::Error::last_os_error());
         }
     }
     Ok(())

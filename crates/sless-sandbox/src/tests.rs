@@ -60,7 +60,7 @@ fn python(id: &str, script: &str) -> ProcessSpec {
         cwd: "/".into(),
         memory_mb: 256,
         max_pids: 64,
-        network: true,
+        network: Network::Host,
         ready_pipe: false,
         listen: None,
     }

@@ -139,6 +139,14 @@ pub struct ServeArgs {
     /// (their last requests may still be running).
     #[arg(long, env = "SLESS_GC_GRACE_SEC", default_value_t = 60)]
     pub gc_grace_sec: u64,
+    /// Let namespace tokens give functions `"network": "host"`, the host's network
+    /// unfiltered (otherwise only the admin token may). (true/false, 1/0, yes/no, on/off.)
+    #[arg(
+        long,
+        env = "SLESS_ALLOW_HOST_NETWORK",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub allow_host_network: bool,
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {
@@ -337,6 +345,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         jobs: jobs.clone(),
         trigger_patch_lock: Arc::default(),
         job_patch_lock: Arc::default(),
+        allow_host_network: args.allow_host_network,
     });
     let gateway = sless_gateway::Gateway {
         executor: executor.clone(),

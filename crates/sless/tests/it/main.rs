@@ -15,6 +15,7 @@ mod hostile_deps;
 mod hostile_edge;
 mod hostile_input;
 mod hostile_instances;
+mod hostile_network;
 mod hostile_sandbox;
 mod hostile_storage;
 mod invoke;
