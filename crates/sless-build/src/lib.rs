@@ -838,7 +838,7 @@ impl Builder {
             memory_mb: self.cfg.memory_mb,
             max_pids: BUILD_MAX_PIDS,
             // Installs keep the host's network (registries, and resolvers on the host);
-            // see docs/security-notes/network.md.
+            // see docs/security.md (Function network).
             network: if network {
                 sless_sandbox::Network::Host
             } else {
