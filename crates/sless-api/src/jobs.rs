@@ -164,6 +164,9 @@ pub async fn patch(
         current.status.clone()
     };
     s.job_store.update_job(&ns, &name, &spec, &status).await?;
+    // Read before the new run starts: the answer shows the state this PATCH wrote
+    // (a fast run could otherwise already be over).
+    let job = s.job_store.get_job(&ns, &name).await?;
     if rerun {
         if spec.run_id == 0 {
             s.jobs.stop(&ns, &name);
@@ -171,7 +174,7 @@ pub async fn patch(
             s.jobs.start(&ns, &name);
         }
     }
-    Ok(Json(job_json(&s.job_store.get_job(&ns, &name).await?)))
+    Ok(Json(job_json(&job)))
 }
 
 pub async fn delete(
