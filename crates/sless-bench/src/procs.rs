@@ -216,6 +216,10 @@ impl Server {
             .arg(config.python)
             .arg("--node")
             .arg(config.node)
+            // The direct baseline talks to an instance behind the executor's back, so the
+            // executor would see it idle and freeze it mid-round; nothing is frozen here.
+            .arg("--freeze-idle-ms")
+            .arg("0")
             .env("SLESS_ADMIN_TOKEN", &token)
             .env("SLESS_LOG", "warn");
         let log = config.scratch.join("server.log");
