@@ -127,7 +127,9 @@ fn host_connects(addr: &str, port: u16) -> bool {
 
 #[tokio::test]
 async fn default_network_keeps_the_host_and_other_instances_out() {
-    let server = Server::start().await;
+    // The listeners live in instances between requests; a frozen instance would accept
+    // connections but never answer them, so nothing is frozen here.
+    let server = Server::start_with(&["--freeze-idle-ms", "0"]).await;
     let loopback_port = host_listener("127.0.0.1:0");
     let ip = host_ip();
     let ip_port = ip.map(|ip| host_listener(&format!("{ip}:0")));
