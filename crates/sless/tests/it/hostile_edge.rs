@@ -769,3 +769,66 @@ async fn writes_the_disk_cannot_take_answer_507_not_500() {
     assert_eq!(v["error"]["code"], "insufficient_storage", "{v}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn out_of_range_query_values_are_refused_naming_the_parameter_and_range() {
+    let server = Server::start_with(&["--prewarm", "0"]).await;
+    let ns = "/v1/namespaces/default";
+    let (status, body) = send(
+        &server,
+        reqwest::Method::POST,
+        &format!("{ns}/functions"),
+        Some(json!({"name": "f", "runtime": "python3"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = send(
+        &server,
+        reqwest::Method::POST,
+        &format!("{ns}/jobs"),
+        Some(json!({"name": "j", "function": "f", "run_id": 0})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let refused = [
+        ("functions/f/logs?tail=100001", "tail", "0 to 100000"),
+        ("functions/f/logs?tail=-1", "tail", "0 to 100000"),
+        (
+            "functions/f/logs?tail=many&follow=true",
+            "tail",
+            "0 to 100000",
+        ),
+        ("jobs/j?wait=901", "wait", "0 to 900"),
+        ("jobs/j?wait=1e9", "wait", "0 to 900"),
+        ("jobs/j?wait=18446744073709551616", "wait", "0 to 900"),
+        ("invocations?limit=1001", "limit", "1 to 1000"),
+        ("invocations?limit=0", "limit", "1 to 1000"),
+    ];
+    for (path, parameter, range) in refused {
+        let (status, body) =
+            send(&server, reqwest::Method::GET, &format!("{ns}/{path}"), None).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "invalid", "{path}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("{parameter}: must be a whole number from {range}")),
+            "{path}: {message}"
+        );
+    }
+    // The bounds themselves are accepted.
+    for path in [
+        "functions/f/logs?tail=100000",
+        "functions/f/logs?tail=0",
+        "jobs/j?wait=900",
+        "jobs/j?wait=",
+        "invocations?limit=1000",
+    ] {
+        let r = client()
+            .get(format!("{}{ns}/{path}", server.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+}
