@@ -386,9 +386,12 @@ pub async fn source(
     Ok(Json(json!({"items": files})))
 }
 
+/// Most lines `logs?tail=` returns.
+const MAX_LOG_TAIL: u64 = 100_000;
+
 #[derive(Deserialize)]
 pub struct LogsQuery {
-    tail: Option<usize>,
+    tail: Option<String>,
     #[serde(default)]
     follow: bool,
 }
@@ -400,10 +403,11 @@ pub async fn logs(
     Query(q): Query<LogsQuery>,
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
+    let tail = crate::ranged_param("tail", q.tail.as_deref(), 0, MAX_LOG_TAIL)?.unwrap_or(200);
     s.store.get_function(&ns, &name).await?;
     // Subscribe before reading the tail so no line falls between the two.
     let live = q.follow.then(|| s.logs.subscribe(&ns, &name));
-    let tail = q.tail.unwrap_or(200).min(100_000);
+    let tail = tail as usize;
     let lines = s
         .logs
         .tail(&ns, &name, tail)

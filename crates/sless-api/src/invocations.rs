@@ -31,8 +31,8 @@ pub async fn list(
 }
 
 /// The filter a query asks for. An empty value (`?function=`) filters nothing;
-/// when a parameter repeats, the last one counts. A `limit` above the maximum is
-/// lowered to it rather than refused.
+/// when a parameter repeats, the last one counts. A `limit` outside 1..=1000 is
+/// refused, never lowered.
 fn parse_filter(params: &[(String, String)]) -> Result<InvocationFilter, ApiError> {
     let mut filter = InvocationFilter::default();
     for (key, value) in params {
@@ -83,16 +83,13 @@ fn parse_filter(params: &[(String, String)]) -> Result<InvocationFilter, ApiErro
                 filter.since = Some(since.with_timezone(&Utc));
             }
             "limit" => {
-                let limit = value
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|n| (1..=u64::from(MAX_INVOCATION_LIMIT)).contains(n))
-                    .ok_or_else(|| {
-                        ApiError::bad(format!(
-                            "limit: must be a whole number from 1 to {MAX_INVOCATION_LIMIT}, got {value:?}"
-                        ))
-                    })?;
-                filter.limit = Some(limit as u32);
+                let limit = crate::ranged_param(
+                    "limit",
+                    Some(value.as_str()),
+                    1,
+                    u64::from(MAX_INVOCATION_LIMIT),
+                )?;
+                filter.limit = limit.map(|n| n as u32);
             }
             other => return Err(unknown(other)),
         }

@@ -112,9 +112,12 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(job_json(&record))).into_response())
 }
 
+/// Longest `?wait=` a job read blocks for, in seconds.
+const MAX_JOB_WAIT_SECS: u64 = 900;
+
 #[derive(Deserialize)]
 pub struct WaitQuery {
-    wait: Option<u64>,
+    wait: Option<String>,
 }
 
 pub async fn get(
@@ -124,10 +127,11 @@ pub async fn get(
     Query(q): Query<WaitQuery>,
 ) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
+    let wait = crate::ranged_param("wait", q.wait.as_deref(), 0, MAX_JOB_WAIT_SECS)?;
     let mut job = s.job_store.get_job(&ns, &name).await?;
-    if let Some(wait) = q.wait {
+    if let Some(wait) = wait {
         // Bounded, and polls the store: the run's status is written there.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(wait.min(900));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
         while !(job.status.run_id == job.spec.run_id && job.status.phase.is_terminal())
             && tokio::time::Instant::now() < deadline
         {

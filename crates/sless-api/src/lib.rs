@@ -244,6 +244,30 @@ impl FromRequest<AppState> for JsonBody {
     }
 }
 
+/// A whole-number query parameter: absent or empty is `None`; anything but a number
+/// within `min..=max` is `400` naming the parameter and its range (never silently
+/// lowered to the range, so a client learns the server's bound).
+pub(crate) fn ranged_param(
+    name: &str,
+    value: Option<&str>,
+    min: u64,
+    max: u64,
+) -> Result<Option<u64>, ApiError> {
+    let Some(value) = value.filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    value
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (min..=max).contains(n))
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::bad(format!(
+                "{name}: must be a whole number from {min} to {max}, got {value:?}"
+            ))
+        })
+}
+
 /// Splits a create request's body into the object's `name` (checked as a
 /// DNS label) and the remaining fields.
 pub(crate) fn take_name(body: Value) -> Result<(String, serde_json::Map<String, Value>), ApiError> {
@@ -303,4 +327,28 @@ pub(crate) async fn read_parts(
             sless_gateway::BodyError::TimedOut(_) => ApiError::Timeout(e.to_string()),
             sless_gateway::BodyError::Unreadable => ApiError::bad(e.to_string()),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranged_params_refuse_what_is_out_of_range_naming_it() {
+        assert_eq!(ranged_param("wait", None, 0, 900).unwrap(), None);
+        assert_eq!(ranged_param("wait", Some(""), 0, 900).unwrap(), None);
+        assert_eq!(ranged_param("wait", Some("0"), 0, 900).unwrap(), Some(0));
+        assert_eq!(
+            ranged_param("wait", Some("900"), 0, 900).unwrap(),
+            Some(900)
+        );
+        for bad in ["901", "-1", "1e3", "abc", " 5", "99999999999999999999"] {
+            let e = ranged_param("wait", Some(bad), 0, 900).unwrap_err();
+            assert!(matches!(e, ApiError::BadRequest(_)), "{bad}");
+            assert_eq!(
+                e.to_string(),
+                format!("wait: must be a whole number from 0 to 900, got {bad:?}")
+            );
+        }
+    }
 }

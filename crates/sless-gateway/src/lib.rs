@@ -27,7 +27,9 @@ use sless_records::{Invocation, InvocationSource, Recorder};
 pub use body::{BodyError, read_body};
 pub use event::{MAX_JSON_DEPTH, json_nests_deeper_than};
 pub use failed::{FailedFunctions, Failure};
-pub use response::{error_response, invoke_error_response, result_response};
+pub use response::{
+    error_response, invoke_error_response, public_invoke_error_response, result_response,
+};
 pub use routes::{HttpRoute, HttpRoutes};
 
 /// Whether a caller may invoke a private function.
@@ -362,11 +364,17 @@ async fn serve(
         Some(false) => {}
     }
     if let Some(failure) = failed {
-        return error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            &format!("function {ns}/{name} failed: {}", failure.message),
-        );
+        // A revision that could not start failed with its instance's output (a
+        // traceback): the caller learns only that, as from a start failing below.
+        let message = if response::is_start_failure(&failure.message) {
+            response::start_failure_message(ns, name, &failure.message)
+        } else {
+            format!(
+                "function {ns}/{name} failed: {}",
+                response::first_line(&failure.message)
+            )
+        };
+        return error_response(StatusCode::SERVICE_UNAVAILABLE, "unavailable", &message);
     }
 
     let (parts, body) = req.into_parts();
@@ -411,7 +419,7 @@ async fn serve(
     let mut response = match &result {
         Ok(r) => result_response(r.ok, &r.body),
         Err(InvokeError::NotFound) => not_found(),
-        Err(e) => invoke_error_response(e),
+        Err(e) => public_invoke_error_response(e, ns, name),
     };
     // A function that went away meanwhile answers as if it had never existed,
     // and leaves no record.

@@ -21,15 +21,93 @@ pub fn error_response(status: StatusCode, code: &str, message: &str) -> Response
 }
 
 /// The status and error a failed invocation answers with.
+/// Its message is the executor's whole text: only the function's owner (the
+/// authenticated `/invoke`) gets this; `/fn/` and `/t/` answer with
+/// [`public_invoke_error_response`].
 pub fn invoke_error_response(e: &InvokeError) -> Response {
-    let (status, code) = match e {
+    let (status, code) = status_and_code(e);
+    error_response(status, code, &e.to_string())
+}
+
+fn status_and_code(e: &InvokeError) -> (StatusCode, &'static str) {
+    match e {
         InvokeError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
         InvokeError::Paused(_) => (StatusCode::SERVICE_UNAVAILABLE, "paused"),
         InvokeError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
         InvokeError::Timeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
         InvokeError::InstanceFailed(_) => (StatusCode::BAD_GATEWAY, "instance_failed"),
+    }
+}
+
+/// The answer a failed invocation gives a caller of `/fn/` or `/t/`, who may be
+/// anyone: the status and code of [`invoke_error_response`], with a message that
+/// carries none of the function's internals. The executor's text for a failed start
+/// holds the instance's last output lines (a traceback: paths, source lines, values);
+/// that stays in the function's log and status, where its owner reads it.
+pub fn public_invoke_error_response(e: &InvokeError, ns: &str, name: &str) -> Response {
+    let text = e.to_string();
+    let message = if matches!(e, InvokeError::Unavailable(_)) && is_start_failure(&text) {
+        start_failure_message(ns, name, &text)
+    } else {
+        first_line(&text)
     };
-    error_response(status, code, &e.to_string())
+    let (status, code) = status_and_code(e);
+    error_response(status, code, &message)
+}
+
+/// Longest public summary of a failure, in characters.
+const MAX_PUBLIC_REASON: usize = 200;
+
+/// Whether a failure's text is an instance that could not start (the executor's
+/// `function … could not start: …` and the controller's `revision … could not start: …`).
+pub(crate) fn is_start_failure(text: &str) -> bool {
+    text.contains(" could not start")
+}
+
+/// What a public caller learns of a start failure: that it happened, the exception's
+/// type when the runtime named one (`ValueError`, never its message), and where the
+/// owner finds the rest.
+pub(crate) fn start_failure_message(ns: &str, name: &str, text: &str) -> String {
+    let hint = if let Some(kind) = exception_type(text) {
+        format!(" ({kind} while loading its code)")
+    } else if text.contains("did not become ready within") {
+        " (it did not become ready in time)".to_string()
+    } else {
+        String::new()
+    };
+    format!(
+        "function {ns}/{name} could not start{hint}: its owner finds the reason in the \
+         function's logs and status"
+    )
+}
+
+/// The exception type in a runtime's load error (`… failed to import: ValueError: …`):
+/// an identifier, possibly dotted, at most 80 characters.
+fn exception_type(text: &str) -> Option<&str> {
+    const MARK: &str = "failed to import: ";
+    let at = text.rfind(MARK)? + MARK.len();
+    let rest = &text[at..];
+    let end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+        .unwrap_or(rest.len());
+    let kind = &rest[..end];
+    let terminated = matches!(rest[end..].chars().next(), None | Some(':' | '\n' | '\r'));
+    (terminated
+        && (1..=80).contains(&kind.len())
+        && kind.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_'))
+    .then_some(kind)
+}
+
+/// The first line of a message, without a trailing colon, at most
+/// [`MAX_PUBLIC_REASON`] characters.
+pub(crate) fn first_line(text: &str) -> String {
+    text.lines()
+        .next()
+        .unwrap_or_default()
+        .trim_end_matches(':')
+        .chars()
+        .take(MAX_PUBLIC_REASON)
+        .collect()
 }
 
 fn plain(status: StatusCode, content_type: &'static str, body: Bytes) -> Response {
@@ -214,6 +292,75 @@ mod tests {
         assert_eq!((s, b.as_str()), (200, "hi"));
         let (s, _, _, _) = map(true, r#"{"statusCode": 99}"#).await;
         assert_eq!(s, 502);
+    }
+
+    async fn public(e: InvokeError) -> (u16, Value) {
+        let r = public_invoke_error_response(&e, "team", "f");
+        let status = r.status().as_u16();
+        let bytes = r.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn public_callers_get_no_traceback_path_or_value_of_a_failed_start() {
+        let cold = "function f could not start: instance exited with status 3 while starting: \
+                    Traceback (most recent call last):\n  File \"/code/main.py\", line 2, in <module>\n    \
+                    raise ValueError(\"password=hunter2\")\nValueError: password=hunter2\n\
+                    sless: entrypoint module \"main\" failed to import: ValueError: password=hunter2";
+        let warm = "function f could not start: entrypoint module \"main\" failed to import: \
+                    pkg.BadThing: /srv/owner/secret.txt missing";
+        let slow = "function f could not start: instance did not become ready within 30 s: /code/x";
+        for (text, hint) in [
+            (cold, " (ValueError while loading its code)"),
+            (warm, " (pkg.BadThing while loading its code)"),
+            (slow, " (it did not become ready in time)"),
+            ("function f could not start: ", ""),
+        ] {
+            let (status, body) = public(InvokeError::Unavailable(text.into())).await;
+            assert_eq!(status, 503);
+            assert_eq!(body["error"]["code"], "unavailable");
+            assert_eq!(
+                body["error"]["message"],
+                format!(
+                    "function team/f could not start{hint}: its owner finds the reason in the \
+                     function's logs and status"
+                )
+            );
+        }
+        // The owner's authenticated invoke keeps the whole text.
+        let r = invoke_error_response(&InvokeError::Unavailable(cold.into()));
+        let bytes = r.into_body().collect().await.unwrap().to_bytes();
+        assert!(String::from_utf8_lossy(&bytes).contains("hunter2"));
+    }
+
+    #[tokio::test]
+    async fn other_failures_keep_one_capped_line() {
+        let (status, body) = public(InvokeError::Unavailable(
+            "function f is at capacity and its queue is full (3 waiting)".into(),
+        ))
+        .await;
+        assert_eq!(status, 503);
+        assert_eq!(
+            body["error"]["message"],
+            "function f is at capacity and its queue is full (3 waiting)"
+        );
+        let (status, body) = public(InvokeError::InstanceFailed(format!(
+            "malformed response: {}\nsecond line",
+            "x".repeat(500)
+        )))
+        .await;
+        assert_eq!(status, 502);
+        assert_eq!(body["error"]["code"], "instance_failed");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert_eq!(message.chars().count(), MAX_PUBLIC_REASON);
+        assert!(!message.contains("second line"));
+        let (status, body) = public(InvokeError::Timeout {
+            name: "f".into(),
+            seconds: 3,
+        })
+        .await;
+        assert_eq!(status, 504);
+        assert_eq!(body["error"]["message"], "function f timed out after 3 s");
     }
 
     #[tokio::test]

@@ -2,13 +2,14 @@
 //! open connections that makes room for a new one by closing the oldest idle
 //! connection (so idle clients cannot lock out health checks or the API), and
 //! accept errors (out of file descriptors) survived by backing off instead of
-//! spinning or exiting.
+//! spinning or exiting; and the requests hyper refuses before any service sees
+//! them answered in the contract's error shape (see [`EdgeIo`]).
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -20,7 +21,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use sless_gateway::FastPath;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -71,6 +72,8 @@ pub fn raise_nofile_limit() -> u64 {
 struct ConnState {
     /// Requests being handled now.
     busy: AtomicUsize,
+    /// Requests handed to the service so far (see [`EdgeIo`]).
+    calls: AtomicU64,
     /// Closes the connection to make room for a new one.
     evict: CancellationToken,
 }
@@ -150,6 +153,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
         }
         let mut app = self.app.clone();
         self.state.busy.fetch_add(1, Ordering::AcqRel);
+        self.state.calls.fetch_add(1, Ordering::Relaxed);
         Busy {
             inner: tower::Service::call(&mut app, req),
             state: self.state.clone(),
@@ -239,7 +243,13 @@ pub async fn serve(
             peer,
             state: state.clone(),
         };
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let io = EdgeIo {
+            inner: stream,
+            state: state.clone(),
+            answered: 0,
+            pending: None,
+        };
+        let conn = graceful.watch(builder.serve_connection(TokioIo::new(io), service));
         tokio::spawn(async move {
             // Errors here are the client's (a reset, a timeout, a malformed request).
             tokio::select! {
@@ -251,6 +261,188 @@ pub async fn serve(
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// A connection's socket as hyper sees it. hyper answers a request it cannot parse
+/// itself, before any service sees it, with an empty body: a malformed request line
+/// or header `400`, a URI over 65,534 bytes `414`, over 100 header fields or a head
+/// over its read buffer (~400 KiB) `431`, each with `content-length: 0`, and then
+/// closes the connection. This recognises such an answer on its way out, a write
+/// of nothing but that head while no request has reached the service since the last
+/// answer began, and writes the contract's `{"error": {"code", "message"}}` in its
+/// place. Everything else passes through untouched: per write, the cost is one
+/// comparison of a counter.
+struct EdgeIo {
+    inner: TcpStream,
+    state: Arc<ConnState>,
+    /// `state.calls` when the latest answer began to be written.
+    answered: u64,
+    /// A replacement answer and how much of it is written.
+    pending: Option<(Vec<u8>, usize)>,
+}
+
+impl EdgeIo {
+    /// Whether this write begins the answer to a request the service was handed
+    /// since the last answer began (then it is the service's, never replaced).
+    fn begins_service_answer(&mut self) -> bool {
+        let calls = self.state.calls.load(Ordering::Relaxed);
+        if calls == self.answered {
+            return false;
+        }
+        self.answered = calls;
+        true
+    }
+
+    /// Whether `buf` (all that is being written) is hyper's own answer to a request
+    /// it refused; the answer to write instead, if so.
+    fn replacement(&mut self, buf: &[u8]) -> Option<Vec<u8>> {
+        // `100 Continue` comes before the service's answer, not as its beginning.
+        if buf.starts_with(b"HTTP/1.1 100 ") {
+            return None;
+        }
+        if self.begins_service_answer() {
+            return None;
+        }
+        refused_status(buf).map(contract_answer)
+    }
+
+    /// Writes what is left of a replacement answer.
+    fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        use tokio::io::AsyncWrite;
+        while let Some((bytes, written)) = &mut self.pending {
+            if *written >= bytes.len() {
+                self.pending = None;
+                break;
+            }
+            let n =
+                std::task::ready!(Pin::new(&mut self.inner).poll_write(cx, &bytes[*written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+            }
+            *written += n;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The status of hyper's answer to a request it could not parse: exactly a
+/// `HTTP/1.x 400|414|431` head with no other header than `content-length: 0`,
+/// `date` and `connection`, and no body.
+fn refused_status(buf: &[u8]) -> Option<u16> {
+    if buf.len() > 512 || !buf.ends_with(b"\r\n\r\n") {
+        return None;
+    }
+    let text = std::str::from_utf8(buf).ok()?;
+    let mut lines = text[..text.len() - 4].split("\r\n");
+    let first = lines.next()?;
+    let status = first
+        .strip_prefix("HTTP/1.1 ")
+        .or_else(|| first.strip_prefix("HTTP/1.0 "))?
+        .get(..3)?;
+    let status = match status {
+        "400" => 400,
+        "414" => 414,
+        "431" => 431,
+        _ => return None,
+    };
+    let mut length = false;
+    for line in lines {
+        let (name, value) = line.split_once(':')?;
+        match name.to_ascii_lowercase().as_str() {
+            "content-length" if value.trim() == "0" => length = true,
+            "date" | "connection" => {}
+            _ => return None,
+        }
+    }
+    length.then_some(status)
+}
+
+/// The whole answer, in the contract's shape, for a request hyper refused.
+fn contract_answer(status: u16) -> Vec<u8> {
+    let (reason, code, message) = match status {
+        414 => (
+            "URI Too Long",
+            "uri_too_long",
+            "the request's URI is longer than 65,534 bytes",
+        ),
+        431 => (
+            "Request Header Fields Too Large",
+            "headers_too_large",
+            "the request has more than 100 header fields, or its head is larger than 400 KiB",
+        ),
+        _ => (
+            "Bad Request",
+            "invalid",
+            "the request is not valid HTTP/1.1 (its request line or a header cannot be parsed)",
+        ),
+    };
+    let body = serde_json::json!({"error": {"code": code, "message": message}}).to_string();
+    format!(
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+impl tokio::io::AsyncRead for EdgeIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for EdgeIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        std::task::ready!(self.poll_pending(cx))?;
+        if let Some(answer) = self.replacement(buf) {
+            self.pending = Some((answer, 0));
+            return Poll::Ready(Ok(buf.len()));
+        }
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        std::task::ready!(self.poll_pending(cx))?;
+        let mut filled = bufs.iter().filter(|b| !b.is_empty());
+        match (filled.next(), filled.next()) {
+            (Some(only), None) => {
+                if let Some(answer) = self.replacement(only) {
+                    self.pending = Some((answer, 0));
+                    return Poll::Ready(Ok(only.len()));
+                }
+            }
+            _ => {
+                self.begins_service_answer();
+            }
+        }
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        std::task::ready!(self.poll_pending(cx))?;
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        std::task::ready!(self.poll_pending(cx))?;
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// Logs a recurring warning at most every 10 s.
@@ -280,6 +472,41 @@ mod tests {
         assert_eq!(ConnLimits::from_nofile(1 << 20, None, t).max, 65_536);
         assert_eq!(ConnLimits::from_nofile(10, None, t).max, 16);
         assert_eq!(ConnLimits::from_nofile(1024, Some(20), t).max, 20);
+    }
+
+    #[test]
+    fn hypers_own_refusals_are_recognised_and_nothing_else() {
+        let date = "date: Mon, 30 Nov 2026 05:00:00 GMT\r\n";
+        for (status, reason) in [
+            (400, "Bad Request"),
+            (414, "URI Too Long"),
+            (431, "Request Header Fields Too Large"),
+        ] {
+            let head = format!("HTTP/1.1 {status} {reason}\r\ncontent-length: 0\r\n{date}\r\n");
+            assert_eq!(refused_status(head.as_bytes()), Some(status), "{head}");
+            let closing = format!(
+                "HTTP/1.1 {status} {reason}\r\ncontent-length: 0\r\nconnection: close\r\n{date}\r\n"
+            );
+            assert_eq!(refused_status(closing.as_bytes()), Some(status));
+        }
+        for other in [
+            // A service's answers: a body, a content type, another status.
+            "HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\n\r\n{}".to_string(),
+            "HTTP/1.1 431 X\r\ncontent-type: text/plain\r\ncontent-length: 0\r\n\r\n".to_string(),
+            "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_string(),
+            "HTTP/1.1 400 Bad Request\r\nx-request-id: a\r\ncontent-length: 0\r\n\r\n".to_string(),
+            "HTTP/1.1 400 Bad Request\r\n\r\n".to_string(),
+            "HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n".to_string(),
+            "body bytes".to_string(),
+        ] {
+            assert_eq!(refused_status(other.as_bytes()), None, "{other}");
+        }
+        let answer = String::from_utf8(contract_answer(431)).unwrap();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 431 "), "{head}");
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["error"]["code"], "headers_too_large");
     }
 
     #[test]

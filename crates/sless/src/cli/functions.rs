@@ -270,8 +270,8 @@ pub struct LogsArgs {
     #[arg(short, long)]
     pub follow: bool,
 
-    /// Show only the last N lines.
-    #[arg(long, value_name = "N")]
+    /// Show only the last N lines (at most 100000, the server's bound).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub tail: Option<u32>,
 }
 

@@ -39,8 +39,8 @@ pub struct InvocationsArgs {
     #[arg(long, value_name = "TIME|DURATION", value_parser = parse_since)]
     pub since: Option<Since>,
 
-    /// At most this many records.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    /// At most this many records (1 to 1000, the server's bound).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub limit: Option<u32>,
 
     /// Print the API's JSON instead of a table.

@@ -769,3 +769,161 @@ async fn writes_the_disk_cannot_take_answer_507_not_500() {
     assert_eq!(v["error"]["code"], "insufficient_storage", "{v}");
     server.stop().await;
 }
+
+/// Polls the function until its phase is `phase` (bounded).
+async fn wait_for_phase(server: &Server, name: &str, phase: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, f) = send(
+            server,
+            reqwest::Method::GET,
+            &format!("/v1/namespaces/default/functions/{name}"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{f}");
+        if f["status"]["phase"] == phase {
+            return f;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} never reached {phase}: {}",
+            f["status"]
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_function_that_cannot_start_tells_anonymous_callers_no_internals() {
+    // Cold starts (no pre-started instances): the start error carries the
+    // instance's last output, a Python traceback.
+    let server = Server::start_with(&["--prewarm", "0"]).await;
+    let (status, body) = send(
+        &server,
+        reqwest::Method::POST,
+        "/v1/namespaces/default/functions",
+        Some(json!({"name": "broken", "runtime": "python3"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let code = "SECRET = 'hunter2-' + 'pw'\n\
+                raise ValueError('cannot read /srv/owner/config.ini with ' + SECRET)\n\
+                def handle(event):\n    return 'never'\n";
+    server
+        .client
+        .upload_code(
+            "default",
+            "broken",
+            crate::harness::zip(&[("handler.py", code)]),
+        )
+        .await
+        .expect("upload");
+    let f = wait_for_phase(&server, "broken", "Failed").await;
+    // The owner sees everything in the status and the log.
+    let reason = f["status"]["message"].as_str().unwrap().to_string();
+    assert!(reason.contains("could not start"), "{reason}");
+    assert!(reason.contains("hunter2"), "{reason}");
+    server.wait_log("broken", "Traceback").await;
+
+    // Anyone calling the URL learns that it could not start, the exception's type,
+    // and where its owner looks; no path, source line or value. Twice: the second
+    // call may meet a pool left from the failed deploy and start it afresh.
+    let http = client();
+    for _ in 0..2 {
+        for url in [
+            format!("{}/fn/default/broken", server.url()),
+            format!("{}/fn/default/broken/some/path?q=1", server.url()),
+        ] {
+            let r = http.get(&url).send().await.unwrap();
+            let status = r.status().as_u16();
+            let body = r.text().await.unwrap();
+            assert_eq!(status, 503, "{body}");
+            let v: Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(v["error"]["code"], "unavailable", "{body}");
+            let message = v["error"]["message"].as_str().unwrap();
+            // The type is named when the reason at hand still has the runtime's
+            // load error (the executor's does; a failed revision's summary may not).
+            let said = [
+                "function default/broken could not start (ValueError while loading its code): \
+                 its owner finds the reason in the function's logs and status",
+                "function default/broken could not start: its owner finds the reason in the \
+                 function's logs and status",
+            ];
+            assert!(said.contains(&message), "{message}");
+            for internal in [
+                "hunter2",
+                "/srv",
+                "/code",
+                "Traceback",
+                "line ",
+                "handler.py",
+            ] {
+                assert!(!message.contains(internal), "{internal:?} in {message}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn out_of_range_query_values_are_refused_naming_the_parameter_and_range() {
+    let server = Server::start_with(&["--prewarm", "0"]).await;
+    let ns = "/v1/namespaces/default";
+    let (status, body) = send(
+        &server,
+        reqwest::Method::POST,
+        &format!("{ns}/functions"),
+        Some(json!({"name": "f", "runtime": "python3"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = send(
+        &server,
+        reqwest::Method::POST,
+        &format!("{ns}/jobs"),
+        Some(json!({"name": "j", "function": "f", "run_id": 0})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let refused = [
+        ("functions/f/logs?tail=100001", "tail", "0 to 100000"),
+        ("functions/f/logs?tail=-1", "tail", "0 to 100000"),
+        (
+            "functions/f/logs?tail=many&follow=true",
+            "tail",
+            "0 to 100000",
+        ),
+        ("jobs/j?wait=901", "wait", "0 to 900"),
+        ("jobs/j?wait=1e9", "wait", "0 to 900"),
+        ("jobs/j?wait=18446744073709551616", "wait", "0 to 900"),
+        ("invocations?limit=1001", "limit", "1 to 1000"),
+        ("invocations?limit=0", "limit", "1 to 1000"),
+    ];
+    for (path, parameter, range) in refused {
+        let (status, body) =
+            send(&server, reqwest::Method::GET, &format!("{ns}/{path}"), None).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "invalid", "{path}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("{parameter}: must be a whole number from {range}")),
+            "{path}: {message}"
+        );
+    }
+    // The bounds themselves are accepted.
+    for path in [
+        "functions/f/logs?tail=100000",
+        "functions/f/logs?tail=0",
+        "jobs/j?wait=900",
+        "jobs/j?wait=",
+        "invocations?limit=1000",
+    ] {
+        let r = client()
+            .get(format!("{}{ns}/{path}", server.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+}

@@ -534,8 +534,8 @@ async fn still_healthy(server: &Server) {
 
 #[tokio::test]
 async fn requests_hyper_refuses_get_a_4xx_and_the_server_goes_on() {
-    // These never reach the router, so their (empty) bodies are hyper's; the
-    // status must still be a 4xx and the server must keep serving.
+    // These never reach the router: hyper refuses them itself. The answer must
+    // still be a 4xx in the contract's shape, and the server must keep serving.
     let server = Server::start_with(&["--prewarm", "0"]).await;
     let port = server.port;
     let many_headers: String = (0..150).map(|i| format!("X-{i}: 1\r\n")).collect();
@@ -543,6 +543,11 @@ async fn requests_hyper_refuses_get_a_4xx_and_the_server_goes_on() {
         (
             "a 70 KB URI",
             format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000)).into_bytes(),
+            &[414],
+        ),
+        (
+            "a 70 KB URI on /fn/",
+            format!("GET /fn/default/x/{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000)).into_bytes(),
             &[414],
         ),
         (
@@ -556,6 +561,8 @@ async fn requests_hyper_refuses_get_a_4xx_and_the_server_goes_on() {
             &[431],
         ),
         ("a garbage request line", b"GARBAGE\r\n\r\n".to_vec(), &[400]),
+        ("a bad version", b"GET / HTTP/7.3\r\nHost: x\r\n\r\n".to_vec(), &[400]),
+        ("a header without a colon", b"GET /healthz HTTP/1.1\r\nHost x\r\n\r\n".to_vec(), &[400]),
         (
             "two Content-Lengths",
             b"POST /v1/namespaces/default/functions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nabcdef".to_vec(),
@@ -575,8 +582,80 @@ async fn requests_hyper_refuses_get_a_4xx_and_the_server_goes_on() {
     for (what, bytes, want) in cases {
         let (status, body) = crate::hostile_edge::raw(port, &bytes, Duration::from_secs(5)).await;
         assert!(want.contains(&status), "{what}: {status} {body:?}");
+        let code = contract_code(&body).unwrap_or_else(|| panic!("{what}: {status} {body:?}"));
+        let expected: &[&str] = match status {
+            414 => &["uri_too_long"],
+            431 => &["headers_too_large"],
+            404 => &["not_found"],
+            // hyper's refusal, or a body the API or gateway could not read.
+            _ => &["invalid", "bad_request"],
+        };
+        assert!(expected.contains(&code.as_str()), "{what}: {body}");
     }
+    // A malformed request after a served one on the same connection is answered
+    // in the contract's shape too, and the served answer is left as it was.
+    let (first, second) = two_on_one_connection(
+        port,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GARBAGE\r\n\r\n",
+    )
+    .await;
+    assert!(first.starts_with("HTTP/1.1 200 "), "{first}");
+    assert!(first.ends_with(r#"{"status":"ok"}"#), "{first}");
+    let (status, body) = crate::hostile_edge::parse_response(second.as_bytes());
+    assert_eq!(status, 400, "{second}");
+    assert_eq!(contract_code(&body).as_deref(), Some("invalid"), "{second}");
     still_healthy_without_functions(&server).await;
+}
+
+/// The `error.code` of a body in the contract's shape with a message.
+fn contract_code(body: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    v["error"]["message"].as_str().filter(|m| !m.is_empty())?;
+    v["error"]["code"].as_str().map(str::to_string)
+}
+
+/// Sends `a`, reads its whole answer (framed by `Content-Length`), then sends `b` on
+/// the same connection and reads until the server closes it.
+async fn two_on_one_connection(port: u16, a: &[u8], b: &[u8]) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let work = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        s.write_all(a).await.unwrap();
+        let mut first = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&first));
+            first.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&first).to_string();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length: ")
+                            .map(|v| v.trim().parse().unwrap())
+                    })
+                    .unwrap();
+                if body.len() >= length {
+                    break;
+                }
+            }
+        }
+        s.write_all(b).await.unwrap();
+        let mut second = Vec::new();
+        let _ = s.read_to_end(&mut second).await;
+        (
+            String::from_utf8_lossy(&first).to_string(),
+            String::from_utf8_lossy(&second).to_string(),
+        )
+    };
+    tokio::time::timeout(Duration::from_secs(10), work)
+        .await
+        .expect("answers within 10 s")
 }
 
 async fn still_healthy_without_functions(server: &Server) {
