@@ -16,6 +16,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 
+use crate::liveness::Activity;
 use crate::{Deployment, ExecutorConfig, InvokeRequest};
 
 /// Idle connections kept per instance (beyond them, finished connections close).
@@ -44,6 +45,11 @@ pub(crate) struct Instance {
     sink: Arc<SinkSlot>,
     conns: Mutex<Vec<Conn<UnixStream>>>,
     pub inflight: AtomicU32,
+    /// Requests answered so far (any answer shows its serving loop alive).
+    answered: AtomicU64,
+    /// Its serving loop stopped answering liveness checks and it was killed for that;
+    /// the requests it held fail with a message saying so.
+    unresponsive: AtomicBool,
     pub state: AtomicU8,
     /// Its cgroup is frozen (see `ExecutorConfig::freeze_after`); changed only under the
     /// pool's lock, so a freeze never races the pick of a request.
@@ -255,6 +261,7 @@ impl Instance {
                     }
                     e => CallError::Failed(format!("instance failed while answering ({e})")),
                 })?;
+            self.answered.fetch_add(1, Ordering::Relaxed);
             self.checkin(conn);
             match resp.status {
                 200 => Ok((true, resp.body)),
@@ -315,6 +322,34 @@ impl Instance {
 
     pub fn is_dead(&self) -> bool {
         self.exit.borrow().is_some()
+    }
+
+    /// What the liveness monitor samples; `None` once the instance is stopping.
+    pub fn activity(&self) -> Option<Activity> {
+        if self.state.load(Ordering::Acquire) == STOPPING || self.is_dead() {
+            return None;
+        }
+        Some(Activity {
+            inflight: self.inflight.load(Ordering::Acquire),
+            answered: self.answered.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Asks the instance's serving loop whether it still answers (`GET /_sless/ready`
+    /// on a connection of its own, never one a request is waiting on).
+    pub async fn probe(&self) -> bool {
+        self.readiness_check().await.is_ok()
+    }
+
+    /// Kills an instance whose serving loop stopped answering; the requests it holds
+    /// then fail, saying so.
+    pub fn kill_unresponsive(&self) {
+        self.unresponsive.store(true, Ordering::Release);
+        self.kill();
+    }
+
+    pub fn is_unresponsive(&self) -> bool {
+        self.unresponsive.load(Ordering::Acquire)
     }
 
     /// Freezes the instance if it has been idle for `after`; call with the pool's
@@ -462,6 +497,8 @@ async fn launch(
         sink,
         conns: Mutex::new(Vec::new()),
         inflight: AtomicU32::new(0),
+        answered: AtomicU64::new(0),
+        unresponsive: AtomicBool::new(false),
         state: AtomicU8::new(STARTING),
         frozen: AtomicBool::new(false),
         killer,

@@ -11,6 +11,7 @@
 //! waits on control-plane work.
 
 mod instance;
+mod liveness;
 mod pool;
 mod warm;
 
@@ -25,6 +26,7 @@ use sless_core::{InstanceCounts, NetworkMode, RuntimeFamily};
 use sless_logs::LogStore;
 use sless_sandbox::Sandbox;
 
+pub use crate::liveness::{LIVENESS_FAILURES, LIVENESS_PERIOD};
 use crate::pool::Pool;
 use crate::warm::WarmPool;
 
@@ -53,6 +55,11 @@ pub struct ExecutorConfig {
     /// frozen: its processes get no CPU until the next request thaws it. Checked once a
     /// second; `None` never freezes.
     pub freeze_after: Option<Duration>,
+    /// While an instance has requests in flight and none has been answered for this
+    /// long, it is asked `GET /_sless/ready` once per period; after
+    /// [`LIVENESS_FAILURES`] checks in a row go unanswered its serving loop counts as
+    /// stopped (see `liveness`). `None` never checks.
+    pub liveness_period: Option<Duration>,
 }
 
 /// CPU limit of an instance when nothing else says (one CPU).

@@ -14,6 +14,7 @@ use sless_sandbox::Sandbox;
 use tokio::sync::Notify;
 
 use crate::instance::{CallError, DRAINING, Instance, READY, STOPPING, SpecialiseError};
+use crate::liveness::{self, LIVENESS_FAILURES, Outcome};
 use crate::warm::WarmPool;
 use crate::{DeployError, Deployment, ExecutorConfig, InvokeError, InvokeRequest, InvokeResponse};
 
@@ -325,11 +326,31 @@ impl Pool {
     }
 
     /// Follows an instance until it exits, then forgets it and, if it was not
-    /// stopped on purpose, reports the crash and replaces it as needed.
+    /// stopped on purpose, reports the crash and replaces it as needed. Meanwhile
+    /// checks that its serving loop still answers while it is busy.
     fn watch(&self, instance: &Arc<Instance>) {
         let Some(pool) = self.me.upgrade() else {
             return;
         };
+        if let Some(period) = self.cfg.liveness_period {
+            let monitored = instance.clone();
+            let weak = self.me.clone();
+            tokio::spawn(async move {
+                let instance = &monitored;
+                let outcome = liveness::monitor(
+                    period,
+                    LIVENESS_FAILURES,
+                    || instance.activity(),
+                    || instance.probe(),
+                )
+                .await;
+                if let (Outcome::Unresponsive { silent_for }, Some(pool)) =
+                    (outcome, weak.upgrade())
+                {
+                    pool.unresponsive(instance, silent_for);
+                }
+            });
+        }
         let instance = instance.clone();
         tokio::spawn(async move {
             let mut exit = instance.exit.clone();
@@ -476,6 +497,9 @@ impl Pool {
                     seconds: timeout_sec,
                 })
             }
+            Err(CallError::Failed(_)) if instance.is_unresponsive() => {
+                Err(InvokeError::InstanceFailed(STOPPED_RESPONDING.to_string()))
+            }
             Err(CallError::Failed(why)) => {
                 // Give the exit status a moment to arrive so the error can say what happened.
                 let mut exit = instance.exit.clone();
@@ -505,7 +529,46 @@ impl Pool {
     }
 }
 
+/// What a request held by an instance whose serving loop stopped answering gets.
+const STOPPED_RESPONDING: &str = "function instance stopped responding: its serving loop \
+    answered no liveness check while this request ran, so the instance was replaced";
+
 impl Pool {
+    /// Handles an instance whose serving loop has not answered liveness checks for
+    /// `silent_for` while it had requests in flight. With a `timeout_sec` its requests
+    /// end at their timeout (or with their answer, should the loop recover): it only
+    /// takes no new ones and is replaced. Without one nothing would ever end them, so
+    /// it is killed: its requests fail with [`STOPPED_RESPONDING`] and a fresh
+    /// instance takes its place.
+    fn unresponsive(&self, instance: &Arc<Instance>, silent_for: Duration) {
+        let mut st = self.lock();
+        let what = format!(
+            "instance {} stopped responding: {LIVENESS_FAILURES} liveness checks in a row \
+             went unanswered over {} s while requests were in flight",
+            instance.id,
+            silent_for.as_secs()
+        );
+        tracing::warn!(function = %st.deployment.name, "{what}");
+        st.last_error = Some(what.clone());
+        if st.deployment.timeout_sec > 0 {
+            drop(st);
+            self.retire(instance, "it stopped responding to liveness checks");
+            return;
+        }
+        self.sink.line(
+            "sless",
+            &format!("{what}; its requests fail and it is replaced"),
+        );
+        if let Some(pos) = st.instances.iter().position(|i| Arc::ptr_eq(i, instance)) {
+            let gone = st.instances.remove(pos);
+            st.draining.push(gone);
+        }
+        instance.kill_unresponsive();
+        self.ensure_min(&mut st);
+        drop(st);
+        self.notify.notify_waiters();
+    }
+
     /// Takes `instance` out of service (it drains, then is killed) and tops the pool
     /// back up; returns the function's name.
     fn retire(&self, instance: &Arc<Instance>, why: &str) -> String {

@@ -90,6 +90,11 @@ pub struct ServeArgs {
     /// work a handler leaves running gets no CPU (0: never freeze).
     #[arg(long, env = "SLESS_FREEZE_IDLE_MS", default_value_t = 1000)]
     pub freeze_idle_ms: u64,
+    /// While an instance has requests in flight and has answered none for this long
+    /// (milliseconds), its serving loop is checked once per period; three unanswered
+    /// checks in a row and it is replaced (0: never check).
+    #[arg(long, env = "SLESS_LIVENESS_PERIOD_MS", default_value_t = sless_executor::LIVENESS_PERIOD.as_millis() as u64)]
+    pub liveness_period_ms: u64,
     /// Unprivileged uid (and gid) that functions and builds run as.
     #[arg(long, env = "SLESS_SANDBOX_UID", default_value_t = 65534)]
     pub sandbox_uid: u32,
@@ -241,6 +246,8 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             prewarm_per_runtime: args.prewarm,
             freeze_after: (args.freeze_idle_ms > 0)
                 .then(|| Duration::from_millis(args.freeze_idle_ms)),
+            liveness_period: (args.liveness_period_ms > 0)
+                .then(|| Duration::from_millis(args.liveness_period_ms)),
         },
         sandbox.clone(),
         logs.clone(),

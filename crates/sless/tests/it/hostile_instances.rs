@@ -1,6 +1,6 @@
 //! Functions that attack their own instance or the server: deeply nested bodies and
-//! results, a broken serving loop, endless output, entrypoints that fail to load,
-//! and work left running after the response.
+//! results, a broken or blocked serving loop, endless output, entrypoints that fail to
+//! load, and work left running after the response.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -535,4 +535,237 @@ def handle(event):
     // The next request thaws it and is served.
     let (status, text) = server.get("hog", "/").await;
     assert_eq!((status, text.as_str()), (200, "started"));
+}
+
+/// How often the liveness tests' servers check busy instances: short, so a stuck
+/// serving loop is found within seconds.
+const LIVENESS_PERIOD_MS: &str = "1000";
+
+/// Like [`post_raw`], with a longer client timeout: the request is expected to be held
+/// for a while, and a hang still fails the test rather than blocking it.
+async fn post_slow(server: &Server, name: &str, path: &str) -> (u16, String) {
+    let resp = server
+        .client
+        .http()
+        .post(format!("{}/fn/default/{name}{path}", server.url()))
+        .header("content-type", "application/json")
+        .timeout(Duration::from_secs(60))
+        .body("{}")
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST {name}{path}: {e}"));
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+/// Asserts that `text` is the gateway's answer for a request held by an instance whose
+/// serving loop stopped: `502 {"error": {"code": "instance_failed", ...}}` saying so.
+fn assert_stopped_responding(name: &str, status: u16, text: &str) {
+    assert_eq!(status, 502, "{name}: {text}");
+    let err: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}: {text}"));
+    assert_eq!(err["error"]["code"], "instance_failed", "{name}: {err}");
+    let message = err["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("stopped responding"), "{name}: {err}");
+}
+
+/// Deploys `code` (which prints `blocking` and then blocks its runtime's serving loop on
+/// `/block`) with no timeout and room for four requests, sends a request that blocks and
+/// one more meanwhile, and checks that neither hangs and the function serves again.
+async fn a_blocked_serving_loop_is_found_and_replaced(
+    server: &Server,
+    name: &str,
+    spec: Value,
+    file: &str,
+    code: &str,
+) {
+    let f = server.deploy(name, spec, &[(file, code)]).await;
+    assert_eq!(f.status.phase, "Ready", "{name}: {f:?}");
+    let (status, text) = post_slow(server, name, "/").await;
+    assert_eq!((status, text.as_str()), (200, "ok"), "{name}");
+
+    let started = Instant::now();
+    let blocked = post_slow(server, name, "/block");
+    let later = async {
+        // Sent once the first request is in the handler, so it lands on the stuck instance.
+        server.wait_log(name, "blocking").await;
+        post_slow(server, name, "/").await
+    };
+    let ((status, text), (later_status, later_text)) = tokio::join!(blocked, later);
+    assert_stopped_responding(name, status, &text);
+    if later_status != 200 {
+        assert_stopped_responding(name, later_status, &later_text);
+    }
+    // Found within a few periods, far from the client's 60 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{name}: took {:?}",
+        started.elapsed()
+    );
+    server.wait_log(name, "stopped responding").await;
+
+    // A replacement serves, and keeps serving.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, text) = post_slow(server, name, "/").await;
+        if status == 200 {
+            assert_eq!(text, "ok", "{name}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} never served again: {status} {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for _ in 0..3 {
+        let (status, text) = post_slow(server, name, "/").await;
+        assert_eq!((status, text.as_str()), (200, "ok"), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_python_async_handler_that_blocks_the_loop_is_failed_and_replaced_without_a_timeout() {
+    let server = Server::start_with(&["--liveness-period-ms", LIVENESS_PERIOD_MS]).await;
+    // `time.sleep` in an `async def` handler blocks the asyncio loop the shim serves on:
+    // the process lives, nothing it holds is ever answered.
+    let code = r#"
+import time
+
+async def handle(event):
+    if event.get("path") == "/block":
+        print("blocking", flush=True)
+        time.sleep(3600)
+    return "ok"
+"#;
+    a_blocked_serving_loop_is_found_and_replaced(
+        &server,
+        "blocks-py",
+        json!({"runtime": "python3", "timeout_sec": 0, "concurrency": 4,
+               "min_instances": 1, "max_instances": 1}),
+        "handler.py",
+        code,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_node_handler_that_spins_synchronously_is_failed_and_replaced_without_a_timeout() {
+    let server = Server::start_with(&["--liveness-period-ms", LIVENESS_PERIOD_MS]).await;
+    // A synchronous busy loop blocks Node's one event loop, the shim's server with it.
+    let code = r#"
+exports.handle = async (event) => {
+  if (event.path === '/block') {
+    console.log('blocking');
+    for (;;) {}
+  }
+  return 'ok';
+};
+"#;
+    a_blocked_serving_loop_is_found_and_replaced(
+        &server,
+        "blocks-node",
+        // A quarter of a CPU, so the spinning instance leaves the machine some.
+        json!({"runtime": "nodejs20", "timeout_sec": 0, "concurrency": 4, "cpu": 250,
+               "min_instances": 1, "max_instances": 1}),
+        "handler.js",
+        code,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn long_handlers_whose_loop_still_answers_run_to_the_end_without_a_timeout() {
+    let server = Server::start_with(&["--liveness-period-ms", LIVENESS_PERIOD_MS]).await;
+    // Eight liveness periods each: a Python `def` handler sleeps on its own thread, a Node
+    // handler awaits a timer; both shims keep answering the checks meanwhile.
+    let py = r#"
+import time
+
+def handle(event):
+    time.sleep(8)
+    return "slept"
+"#;
+    let node = r#"
+exports.handle = async () => {
+  await new Promise((resolve) => setTimeout(resolve, 8000));
+  return 'slept';
+};
+"#;
+    for (name, runtime, file, code) in [
+        ("sleeps-py", "python3", "handler.py", py),
+        ("sleeps-node", "nodejs20", "handler.js", node),
+    ] {
+        let f = server
+            .deploy(
+                name,
+                json!({"runtime": runtime, "timeout_sec": 0, "min_instances": 1, "max_instances": 1}),
+                &[(file, code)],
+            )
+            .await;
+        assert_eq!(f.status.phase, "Ready", "{name}: {f:?}");
+    }
+    let started = Instant::now();
+    let (py, node) = tokio::join!(
+        post_slow(&server, "sleeps-py", "/"),
+        post_slow(&server, "sleeps-node", "/")
+    );
+    assert_eq!((py.0, py.1.as_str()), (200, "slept"), "python");
+    assert_eq!((node.0, node.1.as_str()), (200, "slept"), "node");
+    assert!(started.elapsed() >= Duration::from_secs(8));
+    for name in ["sleeps-py", "sleeps-node"] {
+        let logs = server
+            .client
+            .logs("default", name, Some(1000))
+            .await
+            .expect("logs");
+        assert!(!logs.contains("stopped responding"), "{name}:\n{logs}");
+        assert!(!logs.contains("recycled"), "{name}:\n{logs}");
+    }
+}
+
+#[tokio::test]
+async fn with_a_timeout_a_blocked_instance_takes_no_new_requests_before_its_request_times_out() {
+    let server = Server::start_with(&["--liveness-period-ms", LIVENESS_PERIOD_MS]).await;
+    let code = r#"
+import time
+
+async def handle(event):
+    if event.get("path") == "/block":
+        print("blocking", flush=True)
+        time.sleep(3600)
+    return "ok"
+"#;
+    let name = "blocks-timeout";
+    server
+        .deploy(
+            name,
+            json!({"runtime": "python3", "timeout_sec": 60, "concurrency": 4,
+                   "min_instances": 1, "max_instances": 2}),
+            &[("handler.py", code)],
+        )
+        .await;
+    let url = server.url();
+    let http = server.client.http().clone();
+    let blocked = tokio::spawn(async move {
+        http.post(format!("{url}/fn/default/{name}/block"))
+            .header("content-type", "application/json")
+            .timeout(Duration::from_secs(90))
+            .body("{}")
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    server.wait_log(name, "blocking").await;
+    // Its request runs on towards its 60 s timeout, but the instance is taken out of
+    // rotation once it stops answering liveness checks...
+    server
+        .wait_log(
+            name,
+            "is recycled after it stopped responding to liveness checks",
+        )
+        .await;
+    // ...so the next request is served by a replacement, not queued behind it.
+    let (status, text) = post_slow(&server, name, "/").await;
+    assert_eq!((status, text.as_str()), (200, "ok"));
+    assert!(!blocked.is_finished(), "the blocked request ended early");
+    blocked.abort();
 }
