@@ -235,8 +235,7 @@ mod tests {
             any::<bool>().prop_map(serde_json::Value::from),
             any::<i64>().prop_map(serde_json::Value::from),
             text().prop_map(serde_json::Value::from),
-            proptest::collection::btree_map(tricky(), text(), 0..3)
-                .prop_map(|m| json!(m)),
+            proptest::collection::btree_map(tricky(), text(), 0..3).prop_map(|m| json!(m)),
         ]
     }
 
@@ -245,14 +244,8 @@ mod tests {
     fn answer() -> impl Strategy<Value = Vec<u8>> {
         let status = prop_oneof![100u64..600, any::<u64>()];
         let headers = proptest::collection::btree_map(tricky(), json_value(), 0..5);
-        let structured = (
-            status,
-            headers,
-            json_value(),
-            any::<bool>(),
-            any::<bool>(),
-        )
-            .prop_map(|(status, headers, body, base64, with_status)| {
+        let structured = (status, headers, json_value(), any::<bool>(), any::<bool>()).prop_map(
+            |(status, headers, body, base64, with_status)| {
                 let mut answer = json!({
                     "headers": headers,
                     "body": body,
@@ -262,7 +255,8 @@ mod tests {
                     answer["statusCode"] = json!(status);
                 }
                 answer.to_string().into_bytes()
-            });
+            },
+        );
         let answer = prop_oneof![
             3 => structured,
             1 => json_value().prop_map(|v| v.to_string().into_bytes()),
