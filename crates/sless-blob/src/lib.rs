@@ -11,6 +11,8 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod archive;
+#[doc(hidden)]
+pub mod fuzzing;
 mod paths;
 pub mod store;
 

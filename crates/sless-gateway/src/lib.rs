@@ -42,29 +42,8 @@ pub enum Access {
     Limited(u64),
 }
 
-/// Entry points for the fuzz targets in `fuzz/`: the request-path and event
-/// parsers on the trust boundary. Not an API; nothing else calls these.
 #[doc(hidden)]
-pub mod fuzzing {
-    use axum::http::{HeaderMap, Method};
-    use bytes::Bytes;
-
-    /// The event JSON the handler would get for this request.
-    pub fn http_event(
-        method: &Method,
-        path: &str,
-        query: Option<&str>,
-        headers: &HeaderMap,
-        body: &[u8],
-    ) -> Bytes {
-        crate::event::http_event(method, path, query, headers, body)
-    }
-
-    /// `(namespace, name, path)` the fast path takes from a request path.
-    pub fn fn_target(uri_path: &str) -> Option<(String, String, String)> {
-        crate::fn_target(uri_path)
-    }
-}
+pub mod fuzzing;
 
 /// Decides whether a bearer token may call a private function of a namespace.
 #[async_trait]
