@@ -18,11 +18,19 @@
 //! Builds run as the sandbox user; their output is handed back to the server's
 //! user and made world-readable but not writable, so a function can read its
 //! dependencies and not change them.
+//!
+//! Installs run user code (npm scripts, `setup.py`), so they get what a function
+//! with the `outbound` network gets: the outside world (registries) but not the
+//! host (see [`install_network`]). Everything an install writes lands on a tmpfs
+//! of [`BuildConfig::max_deps_bytes`] mounted for it (its pages are charged to the
+//! install's memory cgroup), and only a finished tree within the limit is copied
+//! to `deps_dir` (see [`scratch`]).
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod inputs;
 mod keys;
+mod scratch;
 mod step;
 mod tree;
 
@@ -37,7 +45,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use sless_blob::{ArchiveError, ArchiveLimits};
 use sless_core::RuntimeFamily;
-use sless_sandbox::{Mount, ProcessSpec, Sandbox, SandboxError};
+use sless_sandbox::{Mount, Network, ProcessSpec, Sandbox, SandboxError};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
@@ -82,8 +90,12 @@ pub struct BuildConfig {
     pub timeout: Duration,
     /// Limits on the code archive.
     pub limits: ArchiveLimits,
-    /// Memory of a sandboxed build step, in MiB.
+    /// Memory of a sandboxed build step, in MiB. An install gets
+    /// `max_deps_bytes` more: the tmpfs it writes to is charged to it.
     pub memory_mb: u32,
+    /// The most an install may write (the dependencies it produces, and for npm
+    /// the copy of the project it runs in); past it the build fails.
+    pub max_deps_bytes: u64,
     /// Whether a build ends by loading the entrypoint in a sandboxed shim. A server
     /// that proves every revision by starting an instance of it before calling it
     /// ready turns this off, saving an interpreter start per deploy.
@@ -104,6 +116,7 @@ impl BuildConfig {
             timeout: Duration::from_secs(600),
             limits: ArchiveLimits::default(),
             memory_mb: 1024,
+            max_deps_bytes: 1024 << 20,
             check_entrypoint: true,
         }
     }
@@ -212,6 +225,10 @@ pub struct Builder {
     /// The Python and Node toolchain versions (interpreter, pip, npm), asked
     /// once: they are part of every deps key.
     toolchains: [tokio::sync::OnceCell<String>; 2],
+    /// The network installs run with (see [`install_network`]).
+    install_network: Network,
+    /// Installs write to a size-limited tmpfs (root only: it is mounted by the server).
+    bounded: bool,
 }
 
 impl std::fmt::Debug for Builder {
@@ -237,6 +254,8 @@ impl Builder {
                 .mode(0o700)
                 .create(dir)
                 .map_err(io_err(format!("creating {}", dir.display())))?;
+            // An install interrupted by a crash may have left its tmpfs mounted.
+            scratch::unmount_stale(dir);
             let removed = tree::remove_stale_temps(dir)
                 .map_err(io_err(format!("cleaning {}", dir.display())))?;
             if removed > 0 {
@@ -251,7 +270,19 @@ impl Builder {
             .map_err(io_err(format!("setting the mode of {}", empty.display())))?;
         let meta = std::fs::metadata(&cfg.builds_dir)
             .map_err(io_err(format!("reading {}", cfg.builds_dir.display())))?;
+        let caps = sandbox.capabilities();
+        let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        let install_network = install_network(caps.outbound_isolation, &resolv);
+        let bounded = caps.drops_privileges;
+        if !bounded {
+            tracing::warn!(
+                limit_mb = cfg.max_deps_bytes >> 20,
+                "not running as root: installs write to the disk directly and their size is checked only once they finish"
+            );
+        }
         Ok(Builder {
+            install_network,
+            bounded,
             permits: Semaphore::new(cfg.max_parallel),
             owner: (meta.uid(), meta.gid()),
             cfg,
@@ -462,12 +493,14 @@ impl Builder {
             log("==> no requirements.txt, nothing to install");
             return Ok(None);
         }
-        let (inputs, deps_key) = self
+        let (inputs, deps_key, _) = self
             .deps_inputs(req, code, RuntimeFamily::Python3, inputs::python)
             .await?;
-        self.ensure_deps(&deps_key, "requirements.txt", log, async |target| {
-            // pip sees only the files the key covers.
-            let staged = self.stage(code, inputs, ".tmp-input-").await?;
+        self.ensure_deps(&deps_key, "requirements.txt", 0, log, async |_, target| {
+            // pip sees only the files the key covers, read-only.
+            let staged = self
+                .stage(code, inputs, &self.cfg.deps_dir, ".tmp-input-")
+                .await?;
             let spec = self.spec(
                 key,
                 "pip",
@@ -512,58 +545,66 @@ impl Builder {
             log("==> no package.json, nothing to install");
             return Ok(None);
         }
-        let (inputs, deps_key) = self
+        let (inputs, deps_key, input_bytes) = self
             .deps_inputs(req, code, RuntimeFamily::Nodejs, inputs::node)
             .await?;
-        self.ensure_deps(&deps_key, "package.json", log, async |target| {
-            // npm writes into the project (node_modules, the lock file, packed
-            // `file:` folders), so it runs in a writable copy of the files the
-            // key covers, and of nothing else.
-            let work = self.stage(code, inputs, ".tmp-npm-").await?;
-            let dst = work.path().to_path_buf();
-            let sandbox = self.sandbox.clone();
-            tokio::task::spawn_blocking(move || tree::grant_tree(&sandbox, &dst))
-                .await
-                .map_err(|e| BuildError::Internal(format!("copy task: {e}")))?
-                .map_err(io_err("preparing the npm work directory"))?;
-
-            let spec = self.spec(
-                key,
-                "npm",
-                self.cfg.npm.clone(),
-                [
-                    "install",
-                    "--omit=dev",
-                    "--no-audit",
-                    "--no-fund",
-                    "--no-update-notifier",
-                    // Pack `file:` folders of dependencies instead of linking them into
-                    // the work copy, which is deleted right after (npm still links the
-                    // project's own ones; `materialize_links` copies those).
-                    "--install-links",
-                ],
-                vec![rw(work.path(), "/work")],
-                "/work",
-                true,
-                vec![("npm_config_cache".into(), "/tmp/.npm".into())],
-            );
-            let out = step::run(&self.sandbox, &spec, log, deadline).await?;
-            self.step_result(out, "installing package.json dependencies")?;
-
-            let modules = work.path().join("node_modules");
-            let into = target.join("node_modules");
-            if modules.is_dir() {
-                let (project, m) = (work.path().to_path_buf(), modules.clone());
-                tokio::task::spawn_blocking(move || tree::materialize_links(&project, &m))
+        // The copy of the project lives on the install's tmpfs too, on top of the limit.
+        let extra = input_bytes;
+        self.ensure_deps(
+            &deps_key,
+            "package.json",
+            extra,
+            log,
+            async |scratch, target| {
+                // npm writes into the project (node_modules, the lock file, packed
+                // `file:` folders), so it runs in a writable copy of the files the
+                // key covers, and of nothing else, on the install's tmpfs.
+                let work = self.stage(code, inputs, scratch, ".tmp-npm-").await?;
+                let dst = work.path().to_path_buf();
+                let sandbox = self.sandbox.clone();
+                tokio::task::spawn_blocking(move || tree::grant_tree(&sandbox, &dst))
                     .await
                     .map_err(|e| BuildError::Internal(format!("copy task: {e}")))?
-                    .map_err(io_err("copying linked file: dependencies"))?;
-                std::fs::rename(&modules, &into).map_err(io_err("moving node_modules"))?;
-            } else {
-                std::fs::create_dir(&into).map_err(io_err("creating node_modules"))?;
-            }
-            Ok(())
-        })
+                    .map_err(io_err("preparing the npm work directory"))?;
+
+                let spec = self.spec(
+                    key,
+                    "npm",
+                    self.cfg.npm.clone(),
+                    [
+                        "install",
+                        "--omit=dev",
+                        "--no-audit",
+                        "--no-fund",
+                        "--no-update-notifier",
+                        // Pack `file:` folders of dependencies instead of linking them into
+                        // the work copy, which is deleted right after (npm still links the
+                        // project's own ones; `materialize_links` copies those).
+                        "--install-links",
+                    ],
+                    vec![rw(work.path(), "/work")],
+                    "/work",
+                    true,
+                    vec![("npm_config_cache".into(), "/tmp/.npm".into())],
+                );
+                let out = step::run(&self.sandbox, &spec, log, deadline).await?;
+                self.step_result(out, "installing package.json dependencies")?;
+
+                let modules = work.path().join("node_modules");
+                let into = target.join("node_modules");
+                if modules.is_dir() {
+                    let (project, m) = (work.path().to_path_buf(), modules.clone());
+                    tokio::task::spawn_blocking(move || tree::materialize_links(&project, &m))
+                        .await
+                        .map_err(|e| BuildError::Internal(format!("copy task: {e}")))?
+                        .map_err(io_err("copying linked file: dependencies"))?;
+                    std::fs::rename(&modules, &into).map_err(io_err("moving node_modules"))?;
+                } else {
+                    std::fs::create_dir(&into).map_err(io_err("creating node_modules"))?;
+                }
+                Ok(())
+            },
+        )
         .await
         .map(Some)
     }
@@ -577,7 +618,7 @@ impl Builder {
         code: &Path,
         family: RuntimeFamily,
         find: fn(&Path) -> Result<inputs::Inputs, inputs::InputError>,
-    ) -> Result<(inputs::Inputs, String), BuildError> {
+    ) -> Result<(inputs::Inputs, String, u64), BuildError> {
         let toolchain = self.toolchain(family).await;
         let (code, ns) = (code.to_path_buf(), req.namespace.clone());
         tokio::task::spawn_blocking(move || {
@@ -589,27 +630,30 @@ impl Builder {
                 },
             })?;
             let mut key = keys::DepsKey::new(&ns, family, &toolchain);
+            let mut total = 0u64;
             for rel in found.files() {
                 let bytes =
                     std::fs::read(code.join(rel)).map_err(io_err(format!("reading {rel}")))?;
+                total = total.saturating_add(bytes.len() as u64);
                 key.add(&format!("file:{rel}"), &bytes);
             }
-            Ok((found, key.finish()))
+            Ok((found, key.finish(), total))
         })
         .await
         .map_err(|e| BuildError::Internal(format!("hashing task: {e}")))?
     }
 
-    /// A fresh directory under the deps directory holding a copy of `inputs`.
+    /// A fresh directory under `parent` holding a copy of `inputs`.
     async fn stage(
         &self,
         code: &Path,
         inputs: inputs::Inputs,
+        parent: &Path,
         prefix: &str,
     ) -> Result<tempfile::TempDir, BuildError> {
         let dir = tempfile::Builder::new()
             .prefix(prefix)
-            .tempdir_in(&self.cfg.deps_dir)
+            .tempdir_in(parent)
             .map_err(io_err("creating the install directory"))?;
         let (src, dst) = (code.to_path_buf(), dir.path().to_path_buf());
         tokio::task::spawn_blocking(move || inputs::stage(&src, &inputs, &dst))
@@ -673,14 +717,16 @@ impl Builder {
     }
 
     /// Makes `deps_dir/<deps_key>` exist: reused when installed before, otherwise
-    /// `install` fills a fresh directory (owned by the sandbox user) which is then
-    /// sealed and published.
+    /// `install` fills a fresh directory (owned by the sandbox user) on a tmpfs of
+    /// `max_deps_bytes` plus `extra` (its first argument is the tmpfs, for work
+    /// files), and a tree within the limit is copied out, sealed and published.
     async fn ensure_deps(
         &self,
         deps_key: &str,
         manifest: &str,
+        extra: u64,
         log: &LogFn,
-        install: impl AsyncFnOnce(&Path) -> Result<(), BuildError>,
+        install: impl AsyncFnOnce(&Path, &Path) -> Result<(), BuildError>,
     ) -> Result<String, BuildError> {
         let final_dir = self.deps_dir(deps_key);
         let installed = || final_dir.join(INSTALLED_MARKER).is_file();
@@ -695,22 +741,45 @@ impl Builder {
             return Ok(deps_key.to_string());
         }
         log(&format!("==> installing {manifest}"));
+        let limit = self.cfg.max_deps_bytes;
+        let scratch = scratch::Scratch::new(
+            &self.cfg.deps_dir,
+            limit.saturating_add(extra),
+            self.bounded,
+        )
+        .await?;
+        let target = scratch.path().join("deps");
+        std::fs::create_dir(&target).map_err(io_err("creating a dependencies directory"))?;
+        self.sandbox.grant_write(&target)?;
+        if let Err(err) = install(scratch.path(), &target).await {
+            return Err(scratch::explain_overflow(err, limit));
+        }
+
         let tmp = tempfile::Builder::new()
             .prefix(".tmp-deps-")
             .tempdir_in(&self.cfg.deps_dir)
             .map_err(io_err("creating a dependencies directory"))?;
-        self.sandbox.grant_write(tmp.path())?;
-        install(tmp.path()).await?;
-
         let (uid, gid) = self.owner;
         let dest = final_dir.clone();
+        let key = deps_key.to_string();
         tokio::task::spawn_blocking(move || {
-            tree::seal_tree(tmp.path(), uid, gid)?;
-            tree::publish(tmp, &dest, INSTALLED_MARKER, b"sless dependencies\n")
+            // Hard links and sparse files take less room on the tmpfs than on
+            // disk: the copy is bounded by what it would write.
+            let bytes = scratch::tree_bytes(&target)
+                .map_err(io_err("measuring the installed dependencies"))?;
+            if bytes > limit {
+                return Err(scratch::over_limit(limit, ""));
+            }
+            let publish = || {
+                tree::copy_tree(&target, tmp.path())?;
+                tree::seal_tree(tmp.path(), uid, gid)?;
+                tree::publish(tmp, &dest, INSTALLED_MARKER, b"sless dependencies\n")
+            };
+            publish().map_err(io_err(format!("publishing dependencies {key}")))
         })
         .await
-        .map_err(|e| BuildError::Internal(format!("publishing task: {e}")))?
-        .map_err(io_err(format!("publishing dependencies {deps_key}")))?;
+        .map_err(|e| BuildError::Internal(format!("publishing task: {e}")))??;
+        drop(scratch);
         Ok(deps_key.to_string())
     }
 
@@ -822,6 +891,13 @@ impl Builder {
         extra_env: Vec<(String, String)>,
     ) -> ProcessSpec {
         let n = self.step_counter.fetch_add(1, Ordering::Relaxed);
+        // An install's tmpfs is charged to its memory cgroup: room for it on top.
+        let memory_mb = if network && self.bounded {
+            let deps_mb = u32::try_from(self.cfg.max_deps_bytes >> 20).unwrap_or(u32::MAX);
+            self.cfg.memory_mb.saturating_add(deps_mb)
+        } else {
+            self.cfg.memory_mb
+        };
         let mut env = vec![
             ("PATH".to_string(), SANDBOX_PATH.to_string()),
             ("HOME".into(), "/tmp".into()),
@@ -835,19 +911,53 @@ impl Builder {
             env,
             mounts,
             cwd: PathBuf::from(cwd),
-            memory_mb: self.cfg.memory_mb,
+            memory_mb,
             max_pids: BUILD_MAX_PIDS,
-            // Installs keep the host's network (registries, and resolvers on the host);
-            // see docs/security.md (Function network).
+            // Installs reach the registries, not the host (see `install_network`).
             network: if network {
-                sless_sandbox::Network::Host
+                self.install_network
             } else {
-                sless_sandbox::Network::None
+                Network::None
             },
             ready_pipe: false,
             listen: None,
         }
     }
+}
+
+/// The network installs run with. `Outbound` (the outside world, not the host's
+/// addresses) where the sandbox can isolate and names resolve from there: the
+/// namespace has no IPv6 and its own loopback, and slirp's DNS forwarder is
+/// blocked, so `/etc/resolv.conf` must name an IPv4 nameserver off loopback.
+/// Otherwise the host's network, with a warning at start.
+fn install_network(outbound_isolation: bool, resolv_conf: &str) -> Network {
+    if !outbound_isolation {
+        tracing::warn!(
+            "the sandbox cannot isolate the network here: installs (pip, npm) run with the host's network and can reach its services"
+        );
+        return Network::Host;
+    }
+    if !has_outside_resolver(resolv_conf) {
+        tracing::warn!(
+            "/etc/resolv.conf names no IPv4 nameserver off loopback (127.0.0.53, say): installs (pip, npm) run with the host's network to resolve names, and can reach its services"
+        );
+        return Network::Host;
+    }
+    Network::Outbound
+}
+
+/// Whether `resolv.conf` names an IPv4 nameserver outside loopback.
+fn has_outside_resolver(resolv_conf: &str) -> bool {
+    resolv_conf
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next() == Some("nameserver"))
+                .then(|| words.next())
+                .flatten()
+        })
+        .filter_map(|addr| addr.parse::<std::net::Ipv4Addr>().ok())
+        .any(|addr| !addr.is_loopback() && !addr.is_unspecified())
 }
 
 /// What [`Builder::collect`] removed.

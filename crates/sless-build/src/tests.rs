@@ -724,3 +724,31 @@ async fn collect_keeps_dependencies_a_build_in_progress_uses() {
     assert_eq!(done.deps, 1);
     assert!(!dir.exists());
 }
+
+#[test]
+fn installs_are_isolated_only_where_names_still_resolve() {
+    assert!(has_outside_resolver(
+        "# generated\nnameserver 10.255.255.53\n"
+    ));
+    assert!(has_outside_resolver(
+        "nameserver 127.0.0.53\nnameserver 192.0.2.1\n"
+    ));
+    for loopback_only in [
+        "nameserver 127.0.0.53\noptions edns0 trust-ad\n",
+        "nameserver ::1\n",
+        "nameserver 0.0.0.0\n",
+        "search example.com\n",
+        "",
+    ] {
+        assert!(!has_outside_resolver(loopback_only), "{loopback_only:?}");
+        assert_eq!(install_network(true, loopback_only), Network::Host);
+    }
+    assert_eq!(
+        install_network(true, "nameserver 192.0.2.1\n"),
+        Network::Outbound
+    );
+    assert_eq!(
+        install_network(false, "nameserver 192.0.2.1\n"),
+        Network::Host
+    );
+}

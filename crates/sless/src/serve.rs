@@ -61,6 +61,9 @@ pub struct ServeArgs {
     /// Largest code archive accepted, in MiB (unpacked).
     #[arg(long, env = "SLESS_MAX_UNPACKED_MB", default_value_t = 512)]
     pub max_unpacked_mb: u64,
+    /// Most a dependency install (pip, npm) may write, in MiB; past it the build fails.
+    #[arg(long, env = "SLESS_MAX_DEPS_MB", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub max_deps_mb: u64,
     /// Builds that may run at once.
     #[arg(long, env = "SLESS_BUILDS", default_value_t = 2)]
     pub builds: usize,
@@ -226,6 +229,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
                 timeout: Duration::from_secs(args.build_timeout_sec),
                 limits,
                 memory_mb: 1024,
+                max_deps_bytes: args.max_deps_mb * MIB,
                 // Every revision is proven by starting an instance of it (see the executor).
                 check_entrypoint: false,
             },

@@ -11,6 +11,7 @@
 mod api;
 mod cli;
 mod harness;
+mod hostile_builds;
 mod hostile_deps;
 mod hostile_edge;
 mod hostile_input;
