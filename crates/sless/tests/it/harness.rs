@@ -151,6 +151,30 @@ impl Server {
             .unwrap_or_else(|e| panic!("{name} did not settle: {e}"))
     }
 
+    /// Polls the function (bounded) until its status has `phase`, and returns it.
+    pub async fn wait_phase(&self, ns: &str, name: &str, phase: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let (status, f) = send(
+                self,
+                reqwest::Method::GET,
+                &format!("/v1/namespaces/{ns}/functions/{name}"),
+                None,
+            )
+            .await;
+            assert_eq!(status, 200, "{f}");
+            if f["status"]["phase"] == phase {
+                return f;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} never reached {phase}: {}",
+                f["status"]
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Calls `/fn/default/{name}{path}`.
     pub async fn call(
         &self,

@@ -770,30 +770,6 @@ async fn writes_the_disk_cannot_take_answer_507_not_500() {
     server.stop().await;
 }
 
-/// Polls the function until its phase is `phase` (bounded).
-async fn wait_for_phase(server: &Server, name: &str, phase: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let (status, f) = send(
-            server,
-            reqwest::Method::GET,
-            &format!("/v1/namespaces/default/functions/{name}"),
-            None,
-        )
-        .await;
-        assert_eq!(status, 200, "{f}");
-        if f["status"]["phase"] == phase {
-            return f;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} never reached {phase}: {}",
-            f["status"]
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_function_that_cannot_start_tells_anonymous_callers_no_internals() {
     // Cold starts (no pre-started instances): the start error carries the
@@ -819,7 +795,7 @@ async fn a_function_that_cannot_start_tells_anonymous_callers_no_internals() {
         )
         .await
         .expect("upload");
-    let f = wait_for_phase(&server, "broken", "Failed").await;
+    let f = server.wait_phase("default", "broken", "Failed").await;
     // The owner sees everything in the status and the log.
     let reason = f["status"]["message"].as_str().unwrap().to_string();
     assert!(reason.contains("could not start"), "{reason}");

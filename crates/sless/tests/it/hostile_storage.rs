@@ -33,23 +33,6 @@ async fn function(server: &Server, ns: &str, name: &str) -> Value {
     body
 }
 
-/// Waits until the function's status has `phase` and returns the function.
-async fn wait_phase(server: &Server, ns: &str, name: &str, phase: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let f = function(server, ns, name).await;
-        if f["status"]["phase"] == phase {
-            return f;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} never reached {phase}: {}",
-            f["status"]
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn upload(server: &Server, ns: &str, name: &str, archive: Vec<u8>) -> (u16, Value) {
     let resp = server
         .client
@@ -133,7 +116,7 @@ async fn a_corrupt_archive_is_reported_and_the_same_upload_repairs_it() {
     assert_eq!(status, 202, "{up}");
     let sha = up["code_sha256"].as_str().unwrap().to_string();
     let revision = up["revision"].as_u64().unwrap();
-    wait_phase(&server, "default", "victim", "Ready").await;
+    server.wait_phase("default", "victim", "Ready").await;
     assert_eq!(server.get("victim", "").await, (200, "hello".to_string()));
 
     // The disk goes bad while the server is down: the archive's bytes change
@@ -147,7 +130,7 @@ async fn a_corrupt_archive_is_reported_and_the_same_upload_repairs_it() {
     }
     server.restart().await;
 
-    let f = wait_phase(&server, "default", "victim", "Failed").await;
+    let f = server.wait_phase("default", "victim", "Failed").await;
     let message = f["status"]["message"].as_str().unwrap();
     assert!(
         message.contains("corrupt") && message.contains("upload the code again"),
@@ -202,7 +185,7 @@ async fn a_corrupt_archive_is_reported_and_the_same_upload_repairs_it() {
     let (status, up) = upload(&server, "default", "victim", archive.clone()).await;
     assert_eq!(status, 202, "{up}");
     assert_eq!(up["revision"].as_u64(), Some(revision));
-    wait_phase(&server, "default", "victim", "Ready").await;
+    server.wait_phase("default", "victim", "Ready").await;
     assert_eq!(std::fs::read(&path).unwrap(), archive);
     assert_eq!(server.get("victim", "").await, (200, "hello".to_string()));
     let (status, body) = send(
@@ -236,7 +219,7 @@ async fn a_corrupt_archive_is_repaired_by_recreating_the_function() {
     create(&server, "default", "again").await;
     let (_, up) = upload(&server, "default", "again", archive.clone()).await;
     let sha = up["code_sha256"].as_str().unwrap().to_string();
-    wait_phase(&server, "default", "again", "Ready").await;
+    server.wait_phase("default", "again", "Ready").await;
 
     std::fs::write(blob_path(&server.data_dir, &sha), b"not a zip at all").unwrap();
     for key in entries(&server.data_dir.join("builds")) {
@@ -253,7 +236,7 @@ async fn a_corrupt_archive_is_repaired_by_recreating_the_function() {
     create(&server, "default", "again").await;
     let (status, _) = upload(&server, "default", "again", archive.clone()).await;
     assert_eq!(status, 202);
-    let f = wait_phase(&server, "default", "again", "Ready").await;
+    let f = server.wait_phase("default", "again", "Ready").await;
     assert_eq!(f["status"]["code_sha256"], sha.as_str());
     assert_eq!(server.get("again", "").await, (200, "hello".to_string()));
     assert_eq!(
@@ -295,7 +278,7 @@ async fn unused_archives_builds_and_dependencies_are_collected() {
     create(&server, "default", "keeper").await;
     let (_, v1) = upload(&server, "default", "keeper", archive_with("v1", 10, false)).await;
     for name in ["tmp-a", "tmp-b", "tmp-c", "keeper"] {
-        let f = wait_phase(&server, "default", name, "Ready").await;
+        let f = server.wait_phase("default", name, "Ready").await;
         assert_eq!(f["status"]["phase"], "Ready");
     }
     assert_eq!(blobs(&data).len(), 4);
@@ -409,7 +392,7 @@ async fn a_failed_function_answers_503_with_the_first_line_of_its_reason() {
     ]);
     let (status, _) = upload(&server, "default", "broken", archive).await;
     assert_eq!(status, 202);
-    let f = wait_phase(&server, "default", "broken", "Failed").await;
+    let f = server.wait_phase("default", "broken", "Failed").await;
     let reason = f["status"]["message"].as_str().unwrap().to_string();
     let first = reason.lines().next().unwrap().trim_end_matches(':');
     assert!(reason.lines().count() > 1, "{reason}");
