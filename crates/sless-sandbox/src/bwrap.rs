@@ -124,34 +124,15 @@ pub(crate) fn validate(spec: &ProcessSpec) -> Result<(), String> {
         if value.contains('\0') {
             return Err(format!("environment variable {key} contains a NUL byte"));
         }
-        if is_loader_variable(key) {
+        // bwrap and setpriv start with the program's environment, as root in root mode:
+        // `LD_PRELOAD` there would run the function's code before the privilege drop.
+        if sless_core::function::is_loader_variable(key) {
             return Err(format!(
                 "environment variable {key} would act on bwrap and setpriv, which run privileged"
             ));
         }
     }
     Ok(())
-}
-
-/// Variables glibc's loader and C library act on before `main` (its list of variables
-/// unsafe for privileged programs, less `TMPDIR`, `TZDIR` and the resolver's). bwrap and
-/// setpriv start with the program's environment, as root in root mode: `LD_PRELOAD` there
-/// would run the function's code before the privilege drop. (`sless-core` refuses the
-/// same names at the API.)
-fn is_loader_variable(name: &str) -> bool {
-    name.starts_with("LD_")
-        || matches!(
-            name,
-            "GCONV_PATH"
-                | "GETCONF_DIR"
-                | "GLIBC_TUNABLES"
-                | "HOSTALIASES"
-                | "LOCPATH"
-                | "MALLOC_TRACE"
-                | "NIS_PATH"
-                | "NLSPATH"
-                | "RESOLV_HOST_CONF"
-        )
 }
 
 /// A path inside the sandbox must be absolute and free of `..`, so it means what it says.
