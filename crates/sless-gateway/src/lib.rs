@@ -116,7 +116,15 @@ impl tower::Service<Request> for FastPath {
         std::task::Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request) -> Self::Future {
+    fn call(&mut self, req: Request) -> <Self as tower::Service<Request>>::Future {
+        self.dispatch(req)
+    }
+}
+
+impl FastPath {
+    /// Answers `req`; the same as [`tower::Service::call`], but through `&self`, so a
+    /// caller holding the service need not clone it per request.
+    pub fn dispatch(&self, req: Request) -> <Self as tower::Service<Request>>::Future {
         if let Some((ns, name, path)) = fn_target(req.uri().path()) {
             let gw = self.gateway.clone();
             return Box::pin(async move { Ok(handle(gw, ns, name, path, req).await) });

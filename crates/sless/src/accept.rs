@@ -151,11 +151,10 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
         if req.headers().contains_key(header::AUTHORIZATION) {
             req.extensions_mut().insert(ConnectInfo(self.peer));
         }
-        let mut app = self.app.clone();
         self.state.busy.fetch_add(1, Ordering::AcqRel);
         self.state.calls.fetch_add(1, Ordering::Relaxed);
         Busy {
-            inner: tower::Service::call(&mut app, req),
+            inner: self.app.dispatch(req),
             state: self.state.clone(),
         }
     }
