@@ -66,12 +66,15 @@ impl NetworkMode {
     }
 }
 
+/// A function's CPU limit when its spec says none: one CPU, in millicores.
+pub const DEFAULT_CPU_MILLICORES: u32 = 1000;
+
 mod defaults {
     pub fn memory_mb() -> u32 {
         128
     }
     pub fn cpu() -> u32 {
-        1000
+        super::DEFAULT_CPU_MILLICORES
     }
     pub fn timeout_sec() -> u32 {
         30

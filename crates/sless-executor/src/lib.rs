@@ -62,8 +62,8 @@ pub struct ExecutorConfig {
     pub liveness_period: Option<Duration>,
 }
 
-/// CPU limit of an instance when nothing else says (one CPU).
-pub const DEFAULT_CPU_MILLICORES: u32 = 1000;
+/// CPU limit of an instance when nothing else says: the function spec's default.
+pub use sless_core::function::DEFAULT_CPU_MILLICORES;
 
 /// The default of [`ExecutorConfig::freeze_after`].
 pub const FREEZE_AFTER: Duration = Duration::from_secs(1);
