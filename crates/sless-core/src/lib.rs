@@ -3,6 +3,7 @@
 //! This crate does no IO: everything here is plain data and pure functions, so the
 //! rules of the API contract are stated (and tested) once.
 
+pub mod backoff;
 pub mod function;
 pub mod job;
 pub mod name;
@@ -10,6 +11,7 @@ pub mod patch;
 pub mod runtime;
 pub mod trigger;
 
+pub use backoff::Backoff;
 pub use function::{FunctionSpec, FunctionStatus, InstanceCounts, NetworkMode, Phase};
 pub use job::{JobPhase, JobSpec, JobStatus};
 pub use name::validate_name;
