@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::sync::{Arc, Mutex, RwLock};
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -54,7 +55,7 @@ pub fn new_token() -> String {
 pub struct Tokens {
     admin_hash: String,
     store: Arc<dyn Store>,
-    cache: RwLock<HashMap<String, Option<String>>>,
+    cache: Mutex<TokenCache>,
     /// Failed authentications per client address (API and private functions alike).
     limiter: AuthLimiter,
 }
@@ -68,7 +69,7 @@ impl Tokens {
         Self {
             admin_hash: hash_token(admin_token),
             store,
-            cache: RwLock::new(HashMap::new()),
+            cache: Mutex::new(TokenCache::default()),
             limiter,
         }
     }
@@ -79,29 +80,91 @@ impl Tokens {
         if hash == self.admin_hash {
             return Ok(Some(Caller::Admin));
         }
-        if let Some(hit) = self
-            .cache
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&hash)
-        {
-            return Ok(hit.clone().map(Caller::Namespace));
+        if let Some(hit) = self.cache().get(&hash, Instant::now()) {
+            return Ok(hit.map(Caller::Namespace));
         }
         let ns = self.store.token_namespace(&hash).await?;
-        let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
-        if cache.len() > 10_000 {
-            cache.clear();
-        }
-        cache.insert(hash, ns.clone());
+        self.cache().insert(hash, ns.clone(), Instant::now());
         Ok(ns.map(Caller::Namespace))
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, TokenCache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Drops cached lookups (after tokens were created or deleted).
     pub fn invalidate(&self) {
-        self.cache
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.cache().clear();
+    }
+}
+
+/// Token lookups remembered, by token hash. Known tokens and unknown ones live in
+/// two separate LRU tables, so a stream of random tokens can only push out other
+/// unknown ones, never a valid token; both tables forget entries after a while, so a
+/// token created or deleted behind this cache's back is seen within that time.
+struct TokenCache {
+    known: lru::LruCache<String, (String, Instant)>,
+    unknown: lru::LruCache<String, Instant>,
+}
+
+/// Valid tokens remembered (least recently used go first).
+const KNOWN_TOKENS: usize = 10_000;
+/// How long a valid token is trusted without asking the store again.
+const KNOWN_TTL: Duration = Duration::from_secs(60);
+/// Unknown tokens remembered, so a client retrying a bad token does not reach the store each time.
+const UNKNOWN_TOKENS: usize = 1_024;
+/// How long an unknown token is remembered as unknown.
+const UNKNOWN_TTL: Duration = Duration::from_secs(5);
+
+impl Default for TokenCache {
+    fn default() -> Self {
+        Self::new(KNOWN_TOKENS, UNKNOWN_TOKENS)
+    }
+}
+
+impl TokenCache {
+    fn new(known: usize, unknown: usize) -> Self {
+        let size = |n: usize| NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN);
+        Self {
+            known: lru::LruCache::new(size(known)),
+            unknown: lru::LruCache::new(size(unknown)),
+        }
+    }
+
+    /// `Some(Some(ns))`: a valid token of `ns`; `Some(None)`: known to be invalid;
+    /// `None`: not remembered (or remembered too long ago).
+    fn get(&mut self, hash: &str, now: Instant) -> Option<Option<String>> {
+        if let Some((ns, at)) = self.known.get(hash) {
+            if now.duration_since(*at) < KNOWN_TTL {
+                return Some(Some(ns.clone()));
+            }
+            self.known.pop(hash);
+        }
+        if let Some(at) = self.unknown.get(hash) {
+            if now.duration_since(*at) < UNKNOWN_TTL {
+                return Some(None);
+            }
+            self.unknown.pop(hash);
+        }
+        None
+    }
+
+    fn insert(&mut self, hash: String, namespace: Option<String>, now: Instant) {
+        match namespace {
+            Some(ns) => {
+                self.unknown.pop(&hash);
+                self.known.put(hash, (ns, now));
+            }
+            None => {
+                self.known.pop(&hash);
+                self.unknown.put(hash, now);
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.known.clear();
+        self.unknown.clear();
     }
 }
 
@@ -308,6 +371,52 @@ mod tests {
             Ok(()),
             "a new window"
         );
+    }
+
+    #[test]
+    fn random_tokens_never_evict_a_valid_one() {
+        let mut cache = TokenCache::new(4, 8);
+        let t0 = Instant::now();
+        cache.insert("valid".into(), Some("team".into()), t0);
+        for i in 0..10_000 {
+            cache.insert(format!("random-{i}"), None, t0);
+        }
+        assert_eq!(cache.get("valid", t0), Some(Some("team".into())));
+        assert_eq!(cache.get("random-9999", t0), Some(None));
+        assert_eq!(
+            cache.get("random-0", t0),
+            None,
+            "the oldest unknown token was forgotten"
+        );
+    }
+
+    #[test]
+    fn cached_lookups_expire() {
+        let mut cache = TokenCache::new(4, 4);
+        let t0 = Instant::now();
+        cache.insert("valid".into(), Some("team".into()), t0);
+        cache.insert("bad".into(), None, t0);
+        assert_eq!(
+            cache.get("bad", t0 + UNKNOWN_TTL - Duration::from_millis(1)),
+            Some(None)
+        );
+        assert_eq!(cache.get("bad", t0 + UNKNOWN_TTL), None);
+        assert_eq!(
+            cache.get("valid", t0 + KNOWN_TTL / 2),
+            Some(Some("team".into()))
+        );
+        assert_eq!(cache.get("valid", t0 + KNOWN_TTL), None);
+    }
+
+    #[test]
+    fn a_token_found_valid_is_no_longer_unknown_and_clear_forgets_all() {
+        let mut cache = TokenCache::new(4, 4);
+        let t0 = Instant::now();
+        cache.insert("t".into(), None, t0);
+        cache.insert("t".into(), Some("team".into()), t0);
+        assert_eq!(cache.get("t", t0), Some(Some("team".into())));
+        cache.clear();
+        assert_eq!(cache.get("t", t0), None);
     }
 
     #[test]
