@@ -1,6 +1,12 @@
 //! `sless serve`: wires the store, code store, builder, sandbox, executor,
 //! controller, API and gateway into one process, and shuts them down in order.
 //!
+//! Two steps, so tests can use either: [`Server::build`] makes every part from a
+//! [`ServeArgs`] and exposes the HTTP surface as a service ([`Server::app`]);
+//! [`Server::run`] serves a listener the caller bound until the caller's shutdown
+//! future completes. [`main`] is `sless serve`: bind, build, print the start line
+//! with the bound address, run until SIGINT/SIGTERM.
+//!
 //! Configuration: defaults < environment (`SLESS_*`) < flags.
 
 use std::net::SocketAddr;

@@ -12,3 +12,4 @@ mod functions;
 mod harness;
 mod namespaces;
 mod objects;
+mod serving;
