@@ -1,15 +1,12 @@
 //! The `sless` binary: `sless serve` runs the platform; every other subcommand is a client
 //! of its REST API.
 
-mod accept;
-mod cli;
-mod serve;
-
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use cli::{Ctx, GlobalArgs, admin, deploy, functions, invocations, jobs, triggers};
+use sless::cli::{Ctx, GlobalArgs, admin, deploy, functions, invocations, jobs, triggers};
+use sless::serve;
 
 /// sless — serverless functions on one machine.
 ///
@@ -74,7 +71,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = match cli.command {
         Command::Serve(args) => {
-            return report(serve::run(args).await.map(|()| ExitCode::SUCCESS), None);
+            return report(serve::main(args).await.map(|()| ExitCode::SUCCESS), None);
         }
         other => other,
     };

@@ -1,6 +1,12 @@
 //! `sless serve`: wires the store, code store, builder, sandbox, executor,
 //! controller, API and gateway into one process, and shuts them down in order.
 //!
+//! Two steps, so tests can use either: [`Server::build`] makes every part from a
+//! [`ServeArgs`] and exposes the HTTP surface as a service ([`Server::app`]);
+//! [`Server::run`] serves a listener the caller bound until the caller's shutdown
+//! future completes. [`main`] is `sless serve`: bind, build, print the start line
+//! with the bound address, run until SIGINT/SIGTERM.
+//!
 //! Configuration: defaults < environment (`SLESS_*`) < flags.
 
 use std::net::SocketAddr;
@@ -157,8 +163,153 @@ pub struct ServeArgs {
     pub allow_host_network: bool,
 }
 
-pub async fn run(args: ServeArgs) -> Result<()> {
+impl ServeArgs {
+    /// The configuration `sless serve` would run with given these flags (and the
+    /// `SLESS_*` environment), for starting a server in-process.
+    pub fn from_flags<I, T>(flags: I) -> Result<ServeArgs, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let argv = std::iter::once(std::ffi::OsString::from("sless-serve"))
+            .chain(flags.into_iter().map(Into::into));
+        <Flags as clap::Parser>::try_parse_from(argv).map(|f| f.args)
+    }
+}
+
+/// `sless serve`: bind, build, then serve until SIGINT or SIGTERM.
+pub async fn main(mut args: ServeArgs) -> Result<()> {
     init_tracing();
+    let shutdown = shutdown_signal()?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    // With port 0 the kernel picks one: everything after this (function URLs,
+    // the start line) reports the address actually bound.
+    let bound = listener
+        .local_addr()
+        .context("cannot read the bound address")?;
+    args.listen = bound;
+    // Stored functions come back before traffic is taken: connections wait in
+    // the listen backlog meanwhile rather than meeting a 404.
+    let server = Server::build(args).await?;
+    // The start line names the bound address (a spawner waits for it to learn the
+    // port); with a --public-url elsewhere, the listening address follows.
+    let listening = if server.public_url == format!("http://{bound}") {
+        String::new()
+    } else {
+        format!("listening on {bound}, ")
+    };
+    eprintln!(
+        "sless serving on {} ({listening}data in {}, {} functions)",
+        server.public_url,
+        server.data_dir.display(),
+        server.functions
+    );
+    server.run(listener, shutdown).await
+}
+
+/// A server built from its configuration, every part started and stored functions
+/// brought back, but not yet accepting connections: [`Server::app`] answers requests
+/// in-process and [`Server::run`] serves them on a listener.
+pub struct Server {
+    app: sless_gateway::FastPath,
+    data_dir: PathBuf,
+    public_url: String,
+    functions: usize,
+    conn_limits: crate::accept::ConnLimits,
+    grace: Duration,
+    shutdown: CancellationToken,
+    recorder: Option<Arc<Recorder>>,
+    executor: Arc<Executor>,
+    retention: tokio::task::JoinHandle<()>,
+    collecting: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    /// Builds every part from `args`: store, code store, sandbox, builder, executor,
+    /// recorder, triggers, jobs, controller, API and gateway; then brings stored
+    /// functions, triggers and unfinished jobs back and collects unused storage.
+    ///
+    /// `args.listen` is only used for the default public URL: [`main`] binds first
+    /// and passes the bound address. Root is not required (the sandbox warns and runs
+    /// functions as the current user), but bubblewrap must run.
+    pub async fn build(args: ServeArgs) -> Result<Server> {
+        build(args).await
+    }
+
+    /// The whole HTTP surface (`/v1`, `/fn`, `/t`, `/healthz`, `/readyz`) as one
+    /// service, e.g. for `tower::ServiceExt::oneshot`.
+    pub fn app(&self) -> sless_gateway::FastPath {
+        self.app.clone()
+    }
+
+    /// The data directory this server keeps its state in.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The base URL function URLs are reported with.
+    pub fn public_url(&self) -> &str {
+        &self.public_url
+    }
+
+    /// Serves `listener` until `shutdown` completes, then stops in order: no new
+    /// connections, in-flight requests finish (up to `--shutdown-grace-sec`),
+    /// background work stops, the last invocation records are written, and the
+    /// executor stops every instance.
+    pub async fn run(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<()> {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut server = tokio::spawn(crate::accept::serve(
+            listener,
+            self.app,
+            self.conn_limits,
+            stop_rx,
+        ));
+        tokio::select! {
+            result = &mut server => {
+                result.context("server task failed")?;
+                return Ok(());
+            }
+            () = shutdown => {}
+        }
+        tracing::info!(
+            "shutting down: finishing in-flight requests (up to {} s)",
+            self.grace.as_secs()
+        );
+        let _ = stop_tx.send(true);
+        self.shutdown.cancel();
+        if tokio::time::timeout(self.grace, &mut server).await.is_err() {
+            tracing::warn!("in-flight requests did not finish within the grace period");
+            server.abort();
+        }
+        // The last invocations' records are written before the process goes.
+        self.retention.abort();
+        self.collecting.abort();
+        if let Some(recorder) = &self.recorder
+            && tokio::time::timeout(Duration::from_secs(5), recorder.flush())
+                .await
+                .is_err()
+        {
+            tracing::warn!("invocation records were still being written at shutdown");
+        }
+        self.executor.shutdown(Duration::from_secs(5)).await;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// See [`Server::build`].
+async fn build(args: ServeArgs) -> Result<Server> {
     let data_dir = args
         .data_dir
         .clone()
@@ -371,16 +522,11 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         sless_gateway::with_fast_path(gateway.clone(), sless_gateway::router(gateway).merge(api));
 
     let nofile = crate::accept::raise_nofile_limit();
-    let limits = crate::accept::ConnLimits::from_nofile(
+    let conn_limits = crate::accept::ConnLimits::from_nofile(
         nofile,
         args.max_connections,
         Duration::from_secs(args.header_timeout_sec),
     );
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    // Bring stored functions back before taking traffic: connections wait in the
-    // listen backlog meanwhile rather than meeting a 404.
     let functions = controller.resync_all(Duration::from_secs(60)).await?;
     for trigger in trigger_store.list_triggers(None).await? {
         triggers.apply(&trigger);
@@ -394,44 +540,19 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         tracing::warn!(error = %e, "storage collection at start failed");
     }
     let collecting = collector.spawn(shutdown.clone());
-    eprintln!(
-        "sless serving on {public_url} (data in {}, {functions} functions)",
-        data_dir.display()
-    );
-
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut server = tokio::spawn(crate::accept::serve(listener, app, limits, stop_rx));
-    tokio::select! {
-        result = &mut server => {
-            result.context("server task failed")?;
-            return Ok(());
-        }
-        signal = shutdown_signal() => signal?,
-    }
-    let grace = Duration::from_secs(args.shutdown_grace_sec);
-    tracing::info!(
-        "shutting down: finishing in-flight requests (up to {} s)",
-        grace.as_secs()
-    );
-    let _ = stop_tx.send(true);
-    shutdown.cancel();
-    if tokio::time::timeout(grace, &mut server).await.is_err() {
-        tracing::warn!("in-flight requests did not finish within the grace period");
-        server.abort();
-    }
-    // The last invocations' records are written before the process goes.
-    retention.abort();
-    collecting.abort();
-    if let Some(recorder) = &recorder
-        && tokio::time::timeout(Duration::from_secs(5), recorder.flush())
-            .await
-            .is_err()
-    {
-        tracing::warn!("invocation records were still being written at shutdown");
-    }
-    executor.shutdown(Duration::from_secs(5)).await;
-    tracing::info!("stopped");
-    Ok(())
+    Ok(Server {
+        app,
+        data_dir,
+        public_url,
+        functions,
+        conn_limits,
+        grace: Duration::from_secs(args.shutdown_grace_sec),
+        shutdown,
+        recorder,
+        executor,
+        retention,
+        collecting,
+    })
 }
 
 /// The parent cgroup of this server's instances, unique per data directory, so
@@ -455,15 +576,18 @@ fn init_tracing() {
         .try_init();
 }
 
-async fn shutdown_signal() -> Result<()> {
+/// Completes at the first SIGTERM or SIGINT; the handlers are installed before it
+/// returns, so a signal that comes while the server is still starting is not lost.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    Ok(())
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }
 
 fn create_private_dir(dir: &Path) -> Result<()> {

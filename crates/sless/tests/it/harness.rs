@@ -20,9 +20,51 @@ pub struct Server {
     extra_args: Vec<String>,
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
+/// Starts `cmd` (a `sless serve` that listens on `127.0.0.1:0`) and waits for its
+/// start line, which names the address it bound: no port is picked in advance (a
+/// port found free and released can be taken before the server binds it), and the
+/// line is printed once stored functions are back, so the server is ready. The rest
+/// of its stderr is passed on to the test's.
+pub async fn spawn_serving(mut cmd: tokio::process::Command) -> (tokio::process::Child, u16) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = cmd
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sless serve");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let started = tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(line) = lines.next_line().await.expect("read stderr") {
+            eprintln!("{line}");
+            if let Some(port) = bound_port(&line) {
+                return Some(port);
+            }
+        }
+        None
+    })
+    .await
+    .expect("sless serve printed no start line within 120 s");
+    let Some(port) = started else {
+        let status = child.wait().await.expect("wait");
+        panic!("sless serve exited during start: {status}");
+    };
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("{line}");
+        }
+    });
+    (child, port)
+}
+
+/// The port in a start line: `sless serving on http://127.0.0.1:PORT (...)`, or the
+/// `listening on 127.0.0.1:PORT` it carries when the public URL is elsewhere.
+fn bound_port(line: &str) -> Option<u16> {
+    let rest = line.strip_prefix("sless serving on ")?;
+    let addr = match rest.split_once("(listening on ") {
+        Some((_, after)) => after.split(',').next()?,
+        None => rest.strip_prefix("http://")?.split_whitespace().next()?,
+    };
+    addr.parse::<std::net::SocketAddr>().ok().map(|a| a.port())
 }
 
 impl Server {
@@ -34,14 +76,12 @@ impl Server {
     pub async fn start_with(args: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
         let data_dir = dir.path().join("data");
-        let port = free_port();
         let mut server = Server {
             child: None,
-            port,
+            port: 0,
             data_dir,
             _dir: Some(dir),
-            client: Client::new(&format!("http://127.0.0.1:{port}"), Some(TOKEN.into()))
-                .expect("client"),
+            client: Client::new("http://127.0.0.1:0", Some(TOKEN.into())).expect("client"),
             extra_args: args.iter().map(|s| s.to_string()).collect(),
         };
         server.spawn().await;
@@ -52,11 +92,13 @@ impl Server {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// Starts the binary on a port of the kernel's choosing; after a restart the
+    /// server has a new port, and `port`, `url()` and `client` follow it.
     async fn spawn(&mut self) {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sless"));
         cmd.arg("serve")
             .arg("--listen")
-            .arg(format!("127.0.0.1:{}", self.port))
+            .arg("127.0.0.1:0")
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(&self.extra_args)
@@ -64,26 +106,10 @@ impl Server {
             .env("SLESS_LOG", "warn")
             .stdin(Stdio::null())
             .kill_on_drop(true);
-        let child = cmd.spawn().expect("start sless serve");
+        let (child, port) = spawn_serving(cmd).await;
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let http = reqwest::Client::new();
-        loop {
-            if let Ok(r) = http.get(format!("{}/healthz", self.url())).send().await
-                && r.status().is_success()
-            {
-                return;
-            }
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!("sless serve exited during start: {status}");
-            }
-            assert!(Instant::now() < deadline, "server did not become healthy");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.port = port;
+        self.client = Client::new(&self.url(), Some(TOKEN.into())).expect("client");
     }
 
     /// SIGTERM, then wait for a clean exit.

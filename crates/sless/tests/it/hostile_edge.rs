@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::harness::{Server, TOKEN, send};
+use crate::harness::{Server, TOKEN, send, spawn_serving};
 
 /// A `sless serve` started by hand: under `prlimit`, in a given data directory,
 /// or with a given admin token.
@@ -39,12 +39,8 @@ impl Default for Spawn<'_> {
     }
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
-fn command(s: &Spawn<'_>, port: u16, data_dir: &Path) -> tokio::process::Command {
+/// `sless serve` as `s` asks, on a port the kernel picks (the start line names it).
+fn command(s: &Spawn<'_>, data_dir: &Path) -> tokio::process::Command {
     let bin = env!("CARGO_BIN_EXE_sless");
     let mut cmd = match s.nofile {
         Some(n) => {
@@ -56,7 +52,7 @@ fn command(s: &Spawn<'_>, port: u16, data_dir: &Path) -> tokio::process::Command
     };
     cmd.arg("serve")
         .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
+        .arg("127.0.0.1:0")
         .arg("--data-dir")
         .arg(data_dir)
         .arg("--prewarm")
@@ -79,25 +75,7 @@ impl Proc {
                 (Some(dir), d)
             }
         };
-        let port = free_port();
-        let mut child = command(&s, port, &data_dir).spawn().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let http = client();
-        loop {
-            if let Ok(r) = http
-                .get(format!("http://127.0.0.1:{port}/healthz"))
-                .send()
-                .await
-                && r.status().is_success()
-            {
-                break;
-            }
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("sless serve exited during start: {status}");
-            }
-            assert!(Instant::now() < deadline, "server did not become healthy");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let (child, port) = spawn_serving(command(&s, &data_dir)).await;
         Proc {
             child,
             port,
@@ -399,7 +377,7 @@ async fn a_short_admin_token_stops_the_server_at_start() {
         token: "short",
         ..Spawn::default()
     };
-    let out = command(&s, free_port(), &dir.path().join("data"))
+    let out = command(&s, &dir.path().join("data"))
         .stderr(Stdio::piped())
         .output();
     let out = tokio::time::timeout(Duration::from_secs(20), out)

@@ -41,6 +41,14 @@ async fn min_instances_are_kept_warm_and_delete_frees_the_url() {
     assert_eq!(server.get("warm", "").await.0, 404);
 }
 
+/// Waits (bounded) until a load loop has published at least `n` answers.
+async fn answers_reach(rx: &mut tokio::sync::watch::Receiver<usize>, n: usize) {
+    tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|seen| *seen >= n))
+        .await
+        .unwrap_or_else(|_| panic!("the load loop never reached {n} answers"))
+        .expect("load loop running");
+}
+
 #[tokio::test]
 async fn redeploys_under_load_drop_nothing_and_never_serve_stale_code() {
     let server = Server::start().await;
@@ -53,6 +61,9 @@ async fn redeploys_under_load_drop_nothing_and_never_serve_stale_code() {
         )
         .await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The load loop publishes how many answers it has had, so the test can wait
+    // for load to be flowing instead of guessing how long that takes.
+    let (answered, mut answered_rx) = tokio::sync::watch::channel(0usize);
     let load = {
         let url = format!("{}/fn/default/flip", server.url());
         let http = server.client.http().clone();
@@ -65,11 +76,12 @@ async fn redeploys_under_load_drop_nothing_and_never_serve_stale_code() {
             {
                 let r = http.get(&url).send().await.expect("request");
                 answers.push((r.status().as_u16(), r.text().await.unwrap_or_default()));
+                answered.send_replace(answers.len());
             }
             answers
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    answers_reach(&mut answered_rx, 5).await;
     let f = server
         .deploy(
             "flip",
@@ -81,7 +93,9 @@ async fn redeploys_under_load_drop_nothing_and_never_serve_stale_code() {
     // From the moment the new revision is Ready, the old code is never served again.
     let after = server.get("flip", "").await;
     assert_eq!(after, (200, "v2".to_string()));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Keep the load going past the switch for a few more answers.
+    let seen = *answered_rx.borrow();
+    answers_reach(&mut answered_rx, seen + 5).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let answers = load.await.unwrap();
     assert!(
@@ -133,7 +147,7 @@ async fn sigterm_restart_keeps_functions_serving() {
             json!({"runtime": "python3"}),
             &[(
                 "handler.py",
-                "import time\n\ndef handle(e):\n    time.sleep(1)\n    return 'finished'\n",
+                "import time\n\ndef handle(e):\n    print('handling', flush=True)\n    time.sleep(1)\n    return 'finished'\n",
             )],
         )
         .await;
@@ -141,7 +155,8 @@ async fn sigterm_restart_keeps_functions_serving() {
     let http = server.client.http().clone();
     let pending =
         tokio::spawn(async move { http.get(url).send().await.map(|r| r.status().as_u16()) });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The handler has the request once its line is in the function's log.
+    server.wait_log("inflight", "handling").await;
     let status = server.stop().await;
     assert!(status.success(), "server exit: {status}");
     assert_eq!(

@@ -9,7 +9,9 @@ use serde_json::json;
 
 use crate::harness::Server;
 
-const SLEEPER: &str = "import time\n\ndef handle(event):\n    time.sleep(float(event['query'].get('s', '0.5')))\n    return 'done'\n";
+/// Sleeps `?s=` seconds (0.5 by default), first logging `sleeping <s>` so a test
+/// can see the request has reached the handler.
+const SLEEPER: &str = "import time\n\ndef handle(event):\n    s = event['query'].get('s', '0.5')\n    print('sleeping', s, flush=True)\n    time.sleep(float(s))\n    return 'done'\n";
 
 /// Polls the function's instance counts until `cond` holds (bounded).
 async fn wait_counts(server: &Server, name: &str, what: &str, cond: impl Fn(u32, u32) -> bool) {
@@ -134,7 +136,8 @@ async fn a_full_queue_and_a_long_wait_answer_503() {
         let http = server.client.http().clone();
         async move { http.get(url).send().await.unwrap().status().as_u16() }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The only instance is busy once the handler has logged that request.
+    server.wait_log("narrow", "sleeping 4").await;
     let started = Instant::now();
     let (status, body) = server.get("narrow", "?s=0").await;
     assert_eq!(status, 503, "{body}");

@@ -1,0 +1,7 @@
+//! The `sless` binary's code as a library: the server's wiring ([`serve`]), its
+//! connection handling ([`accept`]) and the command-line client ([`cli`]), so tests
+//! can build a server in-process and drive it without spawning the binary.
+
+pub mod accept;
+pub mod cli;
+pub mod serve;

@@ -1,0 +1,234 @@
+//! An in-process server in a temporary data directory, driven through its
+//! service with `tower::ServiceExt::oneshot`: no socket, no spawned binary.
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use serde_json::Value;
+use sless::serve::{ServeArgs, Server};
+use tower::ServiceExt;
+
+/// The admin token every test server is started with.
+pub const ADMIN: &str = "api-test-admin-token";
+
+/// Largest code archive the test servers accept (1 MiB), so `413` is cheap to reach.
+pub const MAX_ARCHIVE_MB: u64 = 1;
+
+/// A server built in-process: no instance is ever started (no warm pool, and no
+/// test uploads code that would be built).
+pub struct App {
+    pub server: Server,
+    _dir: tempfile::TempDir,
+}
+
+/// One request to the app.
+pub struct Req {
+    method: Method,
+    path: String,
+    token: Option<String>,
+    /// A raw `Authorization` header, sent instead of `Bearer <token>`.
+    authorization: Option<String>,
+    content_type: Option<String>,
+    body: Vec<u8>,
+}
+
+impl Req {
+    pub fn new(method: Method, path: &str) -> Req {
+        Req {
+            method,
+            path: path.to_string(),
+            token: Some(ADMIN.to_string()),
+            authorization: None,
+            content_type: None,
+            body: Vec::new(),
+        }
+    }
+    pub fn get(path: &str) -> Req {
+        Req::new(Method::GET, path)
+    }
+    pub fn delete(path: &str) -> Req {
+        Req::new(Method::DELETE, path)
+    }
+    /// `method path` with a JSON body.
+    pub fn json(method: Method, path: &str, body: &Value) -> Req {
+        Req::new(method, path).body("application/json", body.to_string().into_bytes())
+    }
+    pub fn body(mut self, content_type: &str, body: Vec<u8>) -> Req {
+        self.content_type = Some(content_type.to_string());
+        self.body = body;
+        self
+    }
+    pub fn token(mut self, token: Option<&str>) -> Req {
+        self.token = token.map(str::to_string);
+        self
+    }
+    pub fn authorization(mut self, value: &str) -> Req {
+        self.authorization = Some(value.to_string());
+        self
+    }
+    /// `METHOD path`, for messages.
+    pub fn what(&self) -> String {
+        format!("{} {}", self.method, self.path)
+    }
+}
+
+impl App {
+    /// Builds a server as `sless serve` would, with `flags` added.
+    pub async fn start_with(flags: &[&str]) -> App {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("data");
+        std::fs::create_dir_all(&data).expect("data dir");
+        // The server reads its admin token from here when SLESS_ADMIN_TOKEN is unset.
+        std::fs::write(data.join("admin-token"), ADMIN).expect("admin token");
+        let archive_mb = MAX_ARCHIVE_MB.to_string();
+        let mut argv = vec!["--data-dir", data.to_str().expect("utf-8 path")];
+        // Defaults for tests, each unless `flags` sets it.
+        for (flag, value) in [
+            ("--listen", "127.0.0.1:0"),
+            ("--prewarm", "0"),
+            ("--max-archive-mb", archive_mb.as_str()),
+            ("--max-body-mb", "1"),
+            ("--min-free-mb", "0"),
+        ] {
+            if !flags.contains(&flag) {
+                argv.extend([flag, value]);
+            }
+        }
+        argv.extend_from_slice(flags);
+        let args = ServeArgs::from_flags(argv).expect("flags");
+        let server = Server::build(args).await.expect("server builds");
+        App { server, _dir: dir }
+    }
+
+    pub async fn start() -> App {
+        App::start_with(&[]).await
+    }
+
+    /// Sends `req`; the status and the body as JSON (`Value::String` if it is not JSON).
+    pub async fn send(&self, req: Req) -> (StatusCode, Value) {
+        let mut builder = Request::builder().method(req.method).uri(&req.path);
+        if let Some(value) = &req.authorization {
+            builder = builder.header("authorization", value);
+        } else if let Some(token) = &req.token {
+            builder = builder.header("authorization", format!("Bearer {token}"));
+        }
+        if let Some(ct) = &req.content_type {
+            builder = builder.header("content-type", ct);
+        }
+        let request = builder.body(Body::from(req.body)).expect("request");
+        let response = self
+            .server
+            .app()
+            .oneshot(request)
+            .await
+            .expect("infallible");
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 16 << 20)
+            .await
+            .expect("body");
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        (status, body)
+    }
+
+    /// Sends `req` and asserts the contract's error: `status`, `{"error": {"code",
+    /// "message"}}` with that `code`, and a message containing every one of `names`
+    /// (the field or object at fault).
+    pub async fn expect_error(&self, req: Req, status: u16, code: &str, names: &[&str]) -> String {
+        let what = req.what();
+        let (got, body) = self.send(req).await;
+        assert_eq!(got.as_u16(), status, "{what}: {body}");
+        let message = body["error"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{what}: no error.message in {body}"));
+        assert_eq!(body["error"]["code"], code, "{what}: {body}");
+        let keys: Vec<&String> = body
+            .as_object()
+            .map(|o| o.keys().collect())
+            .unwrap_or_default();
+        assert_eq!(keys, ["error"], "{what}: only `error` at the top: {body}");
+        for name in names {
+            assert!(
+                message.contains(name),
+                "{what}: message {message:?} does not name {name:?}"
+            );
+        }
+        message.to_string()
+    }
+
+    /// Sends `req` and asserts it succeeded with `status`; the body.
+    pub async fn expect(&self, req: Req, status: u16) -> Value {
+        let what = req.what();
+        let (got, body) = self.send(req).await;
+        assert_eq!(got.as_u16(), status, "{what}: {body}");
+        body
+    }
+
+    /// Creates a python3 function named `name` in `ns` (no code: it stays `Pending`).
+    pub async fn function(&self, ns: &str, name: &str) {
+        let body = serde_json::json!({"name": name, "runtime": "python3"});
+        self.expect(
+            Req::json(
+                Method::POST,
+                &format!("/v1/namespaces/{ns}/functions"),
+                &body,
+            ),
+            201,
+        )
+        .await;
+    }
+
+    /// Creates a trigger (HTTP route `/t/default/<name>`) or a job (`run_id: 0`,
+    /// so it never runs) of function `function` in the default namespace.
+    pub async fn trigger(&self, name: &str, function: &str) {
+        let body = serde_json::json!({"name": name, "function": function, "type": "http", "path": format!("/{name}")});
+        self.expect(
+            Req::json(Method::POST, "/v1/namespaces/default/triggers", &body),
+            201,
+        )
+        .await;
+    }
+
+    pub async fn job(&self, name: &str, spec: Value) {
+        let mut body = spec;
+        body["name"] = Value::from(name);
+        self.expect(
+            Req::json(Method::POST, "/v1/namespaces/default/jobs", &body),
+            201,
+        )
+        .await;
+    }
+
+    /// A token of namespace `ns` (created if need be).
+    pub async fn namespace_token(&self, ns: &str) -> String {
+        self.send(Req::new(Method::PUT, &format!("/v1/namespaces/{ns}")))
+            .await;
+        let body = self
+            .expect(
+                Req::json(
+                    Method::POST,
+                    "/v1/tokens",
+                    &serde_json::json!({"namespace": ns}),
+                ),
+                201,
+            )
+            .await;
+        body["token"].as_str().expect("token").to_string()
+    }
+}
+
+/// A zip archive of `(path, content)` pairs.
+pub fn zip(files: &[(&str, &[u8])]) -> Vec<u8> {
+    use std::io::Write;
+    let mut out = std::io::Cursor::new(Vec::new());
+    {
+        let mut w = zip::ZipWriter::new(&mut out);
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated);
+        for (path, content) in files {
+            w.start_file(*path, opts).expect("zip entry");
+            w.write_all(content).expect("zip write");
+        }
+        w.finish().expect("zip finish");
+    }
+    out.into_inner()
+}
