@@ -789,6 +789,7 @@ mod tests {
         pump(output, sink, "stdout", None).await;
         store
             .tail("ns", "f", 100)
+            .await
             .expect("tail")
             .into_iter()
             .map(|line| {
