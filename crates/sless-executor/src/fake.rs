@@ -2,7 +2,8 @@
 //! tokio's paused clock: no root, no sandbox, no processes.
 //!
 //! A fake instance answers an event by what it says: `ms:N` answers after N ms
-//! (of the paused clock), `hang` never answers, `crash` makes the instance exit
+//! (of the paused clock), `hang` never answers, `stuck` never answers and stops the
+//! instance's serving loop (liveness probes fail), `crash` makes the instance exit
 //! without answering; anything else answers at once. The answer is the instance's id.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -127,6 +128,7 @@ impl FakeLauncher {
             revision: AtomicU64::new(revision),
             answered: AtomicU64::new(0),
             unresponsive: AtomicBool::new(false),
+            stuck: AtomicBool::new(false),
             last_used: Mutex::new(Instant::now()),
             exit_tx,
             exit_rx,
@@ -173,6 +175,8 @@ pub struct FakeInstance {
     revision: AtomicU64,
     answered: AtomicU64,
     unresponsive: AtomicBool,
+    /// Its serving loop is blocked: probes go unanswered.
+    stuck: AtomicBool,
     last_used: Mutex<Instant>,
     exit_tx: watch::Sender<Option<Exit>>,
     exit_rx: watch::Receiver<Option<Exit>>,
@@ -220,6 +224,10 @@ impl Instance for FakeInstance {
         let work = async {
             match event {
                 "hang" => std::future::pending::<()>().await,
+                "stuck" => {
+                    self.stuck.store(true, Ordering::Release);
+                    std::future::pending::<()>().await
+                }
                 "crash" => {
                     self.crash();
                     return Err(CallError::NoAnswer(sless_wire::WireError::Closed));
@@ -262,7 +270,7 @@ impl Instance for FakeInstance {
     }
 
     async fn probe(&self) -> bool {
-        !self.is_dead()
+        !self.is_dead() && !self.stuck.load(Ordering::Acquire)
     }
 
     fn activity(&self) -> Option<Activity> {

@@ -990,4 +990,51 @@ mod tests {
         let joined = lines[0].trim_end_matches(SPLIT_MARKER).to_string() + &lines[1];
         assert_eq!(joined.as_bytes(), output.as_slice());
     }
+
+    #[test]
+    fn start_errors_say_what_happened_and_what_the_instance_printed() {
+        let exit = Exit {
+            code: Some(1),
+            signal: None,
+            oom_killed: false,
+        };
+        let output = StderrTail(vec!["Traceback".into(), "ImportError: app".into()]);
+        let exited = StartError::Exited {
+            exit: Some(exit),
+            output,
+        };
+        assert_eq!(
+            exited.to_string(),
+            "instance exited with status 1 while starting: Traceback\nImportError: app"
+        );
+        let unknown = StartError::Exited {
+            exit: None,
+            output: StderrTail::default(),
+        };
+        assert_eq!(unknown.to_string(), "instance exited while starting");
+        let slow = StartError::NotReady {
+            seconds: 30,
+            output: StderrTail::default(),
+        };
+        assert_eq!(
+            slow.to_string(),
+            "instance did not become ready within 30 s"
+        );
+        let garbage = StartError::ReadyPipe {
+            why: ReadyPipeError::Garbage,
+            output: StderrTail::default(),
+        };
+        assert_eq!(
+            garbage.to_string(),
+            "instance wrote garbage to its readiness pipe"
+        );
+        let check = StartError::ReadinessCheck {
+            why: ProbeError::Status(503),
+            output: StderrTail::default(),
+        };
+        assert_eq!(
+            check.to_string(),
+            "instance failed its readiness check: status 503"
+        );
+    }
 }

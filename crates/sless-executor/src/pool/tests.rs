@@ -576,3 +576,40 @@ async fn the_warm_pool_backs_off_after_failed_starts() {
     assert_eq!(at, vec![0, 0, 400, 400, 1200]);
     assert_eq!(launcher.alive(), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn without_a_timeout_an_instance_whose_loop_stops_answering_is_killed_and_replaced() {
+    let mut cfg = config(10);
+    let period = Duration::from_secs(5);
+    cfg.liveness_period = Some(period);
+    let mut d = deployment(1);
+    d.min_instances = 1;
+    let h = Harness::deployed(cfg, &d).await;
+    let t0 = Instant::now();
+    match h.pool.invoke(request("stuck")).await {
+        Err(InvokeError::InstanceFailed(m)) => assert!(m.contains("stopped responding"), "{m}"),
+        other => panic!("expected InstanceFailed, got {other:?}"),
+    }
+    // One period to see it stalled, then LIVENESS_FAILURES unanswered checks.
+    let limit = period * (crate::LIVENESS_FAILURES + 2);
+    assert!(t0.elapsed() <= limit, "took {:?}", t0.elapsed());
+    assert!(h.launcher.instances()[0].was_killed());
+    pass(Duration::from_secs(1)).await;
+    assert_eq!(h.ready(), 1, "the minimum is restored");
+    assert!(
+        h.pool
+            .last_error()
+            .unwrap_or_default()
+            .contains("stopped responding")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_busy_instance_whose_loop_answers_is_left_alone() {
+    let mut cfg = config(10);
+    cfg.liveness_period = Some(Duration::from_secs(5));
+    let h = Harness::deployed(cfg, &deployment(1)).await;
+    let r = h.pool.invoke(request("ms:60000")).await.expect("answer");
+    assert!(!r.cold_start);
+    assert!(!h.launcher.instances()[0].was_killed());
+}
