@@ -411,6 +411,7 @@ pub async fn logs(
     let lines = s
         .logs
         .tail(&ns, &name, tail)
+        .await
         .map_err(|e| ApiError::Internal(e.into()))?;
     let mut text = lines.join("\n");
     if !text.is_empty() {

@@ -200,7 +200,9 @@ impl Jobs {
                     // The attempt's last output lines may still be in the instance's
                     // pipes (stdout and stderr are read separately); let them land.
                     tokio::time::sleep(Duration::from_millis(150)).await;
-                    status.message = self.failure_message(ns, &pool, &request_id, attempt, &error);
+                    status.message = self
+                        .failure_message(ns, &pool, &request_id, attempt, &error)
+                        .await;
                     status.phase = JobPhase::Failed;
                     if attempt < job.spec.max_attempts {
                         status.phase = JobPhase::Running;
@@ -339,7 +341,7 @@ impl Jobs {
     }
 
     /// The error plus the tail of what the attempt printed.
-    fn failure_message(
+    async fn failure_message(
         &self,
         ns: &str,
         pool: &str,
@@ -347,7 +349,7 @@ impl Jobs {
         attempt: u32,
         error: &str,
     ) -> String {
-        let lines = self.logs.tail(ns, pool, 2000).unwrap_or_default();
+        let lines = self.logs.tail(ns, pool, 2000).await.unwrap_or_default();
         let tagged = format!("[{request_id}]");
         let mut output: Vec<&String> = lines
             .iter()

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,9 @@ use sless_wire::{Conn, RequestHead};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
+use crate::launcher::{self, Launcher, Lifecycle, READY, STOPPING};
 use crate::liveness::Activity;
 use crate::{Deployment, ExecutorConfig, InvokeRequest};
 
@@ -25,14 +27,40 @@ const MAX_IDLE_CONNS: usize = 64;
 /// Lines of stderr kept to explain a failed start.
 const STDERR_TAIL: usize = 12;
 
-pub(crate) const STARTING: u8 = 0;
-pub(crate) const READY: u8 = 1;
-/// Takes no new requests; stopped once its in-flight requests are done.
-pub(crate) const DRAINING: u8 = 2;
-/// Killed on purpose; its exit is not a crash.
-pub(crate) const STOPPING: u8 = 3;
+/// How long a failed start waits for the process's exit and its last stderr lines,
+/// to say why it failed (the sandbox kills the whole cgroup, so both come quickly).
+const FAILED_START_REPORT: Duration = Duration::from_secs(2);
 
-pub(crate) struct Instance {
+/// Starts sandboxed instances: the executor's [`Launcher`].
+pub(crate) struct SandboxLauncher {
+    pub cfg: Arc<ExecutorConfig>,
+    pub sandbox: Arc<Sandbox>,
+}
+
+impl Launcher for SandboxLauncher {
+    type Instance = SandboxInstance;
+
+    async fn start(
+        &self,
+        sink: &LogSink,
+        d: &Deployment,
+        id: String,
+    ) -> Result<Arc<SandboxInstance>, StartError> {
+        SandboxInstance::start(&self.cfg, &self.sandbox, sink, d, id).await
+    }
+
+    async fn start_generic(
+        &self,
+        family: RuntimeFamily,
+        network: NetworkMode,
+        id: String,
+    ) -> Result<Arc<SandboxInstance>, StartError> {
+        SandboxInstance::start_generic(&self.cfg, &self.sandbox, family, network, id).await
+    }
+}
+
+/// A sandboxed process serving the instance protocol.
+pub(crate) struct SandboxInstance {
     pub id: String,
     /// The revision it serves; 0 while it is a generic (pre-started) instance.
     revision: AtomicU64,
@@ -44,27 +72,127 @@ pub(crate) struct Instance {
     slot: Option<(PathBuf, PathBuf)>,
     sink: Arc<SinkSlot>,
     conns: Mutex<Vec<Conn<UnixStream>>>,
-    pub inflight: AtomicU32,
+    life: Lifecycle,
     /// Requests answered so far (any answer shows its serving loop alive).
     answered: AtomicU64,
     /// Its serving loop stopped answering liveness checks and it was killed for that;
     /// the requests it held fail with a message saying so.
     unresponsive: AtomicBool,
-    pub state: AtomicU8,
     /// Its cgroup is frozen (see `ExecutorConfig::freeze_after`); changed only under the
     /// pool's lock, so a freeze never races the pick of a request.
     frozen: AtomicBool,
     killer: Killer,
     last_used: Mutex<Instant>,
-    pub exit: watch::Receiver<Option<Exit>>,
+    exit: watch::Receiver<Option<Exit>>,
 }
 
+/// Why a request got no answer from an instance.
+#[derive(Debug, thiserror::Error)]
 pub(crate) enum CallError {
+    /// The handler ran past the request's timeout.
+    #[error("timed out")]
     Timeout,
-    Failed(String),
+    /// No connection to the instance's socket could be made.
+    #[error("cannot connect to instance ({0})")]
+    Connect(std::io::Error),
+    /// The request head could not be written (a header held a control character).
+    #[error("{0}")]
+    Request(sless_wire::WireError),
+    /// The connection failed before any of the answer arrived.
+    #[error("instance failed without answering ({0})")]
+    NoAnswer(sless_wire::WireError),
+    /// The connection failed, or the answer was malformed, while it arrived.
+    #[error("instance failed while answering ({0})")]
+    BrokenAnswer(sless_wire::WireError),
+    /// The instance answered a status the protocol does not allow.
+    #[error("instance answered status {0}, which the protocol does not allow")]
+    BadStatus(u16),
 }
 
-impl Instance {
+/// Why an instance could not be started.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StartError {
+    /// Its run directory (socket, code and deps slots) could not be made.
+    #[error("cannot prepare instance directory {}: {source}", dir.display())]
+    Prepare {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    /// The sandbox refused to start the process.
+    #[error("cannot start instance: {0}")]
+    Spawn(sless_sandbox::SandboxError),
+    /// The CPU limit could not be applied to its cgroup.
+    #[error("cannot set the CPU limit: {0}")]
+    CpuLimit(std::io::Error),
+    /// The process exited before it said it was ready (`None`: its exit status
+    /// did not arrive in time).
+    #[error("instance {} while starting{output}", exit.as_ref().map_or_else(|| "exited".to_string(), Exit::to_string))]
+    Exited {
+        exit: Option<Exit>,
+        output: StderrTail,
+    },
+    /// It did not say it was ready within the start timeout.
+    #[error("instance did not become ready within {seconds} s{output}")]
+    NotReady { seconds: u64, output: StderrTail },
+    /// Its readiness pipe was missing, failed or carried something else than `ready`.
+    #[error("instance {why}{output}")]
+    ReadyPipe {
+        why: ReadyPipeError,
+        output: StderrTail,
+    },
+    /// It said it was ready but did not answer `GET /_sless/ready` with 2xx.
+    #[error("instance failed its readiness check: {why}{output}")]
+    ReadinessCheck { why: ProbeError, output: StderrTail },
+    /// A generic instance could not load the function's entrypoint (the user's
+    /// problem; the message is the shim's).
+    #[error("{0}")]
+    Load(String),
+}
+
+/// Why the readiness pipe did not carry `ready`.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReadyPipeError {
+    /// The sandbox gave the instance no readiness pipe.
+    #[error("has no readiness pipe")]
+    Missing,
+    /// Reading the pipe failed.
+    #[error("readiness pipe failed: {0}")]
+    Io(std::io::Error),
+    /// The pipe closed without `ready`: the process exited (or closed it).
+    #[error("closed its readiness pipe")]
+    Closed,
+    /// Something else than `ready` arrived.
+    #[error("wrote garbage to its readiness pipe")]
+    Garbage,
+}
+
+/// Why `GET /_sless/ready` (or `/_sless/load`) did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ProbeError {
+    /// The exchange failed.
+    #[error("{0}")]
+    Call(#[from] CallError),
+    /// The instance answered with a status other than 2xx.
+    #[error("status {0}")]
+    Status(u16),
+}
+
+/// The last lines an instance wrote to stderr, shown after a failed start as
+/// `": line\nline"` (nothing when it wrote nothing).
+#[derive(Debug, Default)]
+pub(crate) struct StderrTail(pub Vec<String>);
+
+impl std::fmt::Display for StderrTail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            write!(f, ": {}", self.0.join("\n"))
+        }
+    }
+}
+
+impl SandboxInstance {
     /// Starts an instance of `d` and returns once it has answered the readiness check.
     pub async fn start(
         cfg: &ExecutorConfig,
@@ -72,14 +200,12 @@ impl Instance {
         sink: &LogSink,
         d: &Deployment,
         id: String,
-    ) -> Result<Arc<Instance>, String> {
+    ) -> Result<Arc<SandboxInstance>, StartError> {
         let run_dir = cfg.run_dir.join(&id);
         let sock_dir = run_dir.join("sock");
-        prepare_run_dir(&run_dir, &sock_dir, None).map_err(|e| {
-            format!(
-                "cannot prepare instance directory {}: {e}",
-                run_dir.display()
-            )
+        prepare_run_dir(&run_dir, &sock_dir, None).map_err(|source| StartError::Prepare {
+            dir: run_dir.clone(),
+            source,
         })?;
         let mut spec = process_spec(
             cfg,
@@ -108,22 +234,22 @@ impl Instance {
 
     /// Starts a generic instance of a runtime family with a network mode: sandboxed
     /// (its network connected), interpreter and shim loaded, no function yet.
-    /// [`Instance::specialise`] gives it one.
+    /// [`launcher::Instance::specialise`] gives it one.
     pub async fn start_generic(
         cfg: &ExecutorConfig,
         sandbox: &Sandbox,
         family: RuntimeFamily,
         network: NetworkMode,
         id: String,
-    ) -> Result<Arc<Instance>, String> {
+    ) -> Result<Arc<SandboxInstance>, StartError> {
         let run_dir = cfg.run_dir.join(&id);
         let sock_dir = run_dir.join("sock");
         let slot = (run_dir.join("code"), run_dir.join("deps"));
-        prepare_run_dir(&run_dir, &sock_dir, Some(&slot)).map_err(|e| {
-            format!(
-                "cannot prepare instance directory {}: {e}",
-                run_dir.display()
-            )
+        prepare_run_dir(&run_dir, &sock_dir, Some(&slot)).map_err(|source| {
+            StartError::Prepare {
+                dir: run_dir.clone(),
+                source,
+            }
         })?;
         let spec = process_spec(
             cfg,
@@ -147,11 +273,64 @@ impl Instance {
         .await
     }
 
+    async fn readiness_check(&self) -> Result<(), ProbeError> {
+        let mut conn = self.checkout().await?;
+        let head = RequestHead::new("GET", "/_sless/ready")
+            .header("host", "instance")
+            .map_err(CallError::Request)?
+            .finish(0);
+        let resp = conn
+            .exchange(&head, b"")
+            .await
+            .map_err(CallError::BrokenAnswer)?;
+        self.checkin(conn);
+        if (200..300).contains(&resp.status) {
+            Ok(())
+        } else {
+            Err(ProbeError::Status(resp.status))
+        }
+    }
+
+    async fn checkout(&self) -> Result<Conn<UnixStream>, CallError> {
+        loop {
+            let idle = self.conns.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            match idle {
+                Some(conn) if !conn.peer_gone() => return Ok(conn),
+                Some(_) => continue,
+                None => break,
+            }
+        }
+        let stream = UnixStream::connect(&self.socket)
+            .await
+            .map_err(CallError::Connect)?;
+        Ok(Conn::new(stream))
+    }
+
+    fn checkin(&self, conn: Conn<UnixStream>) {
+        if !conn.reusable() {
+            return;
+        }
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        if conns.len() < MAX_IDLE_CONNS {
+            conns.push(conn);
+        }
+    }
+}
+
+impl launcher::Instance for SandboxInstance {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn life(&self) -> &Lifecycle {
+        &self.life
+    }
+
     /// Turns a generic instance into an instance of `d`: links the function's
     /// files into its (bind-mounted) code and deps directories, applies the memory
     /// limit and asks the shim to load the entrypoint. `Err(Load)` is the user's
     /// problem (the module or function is missing); anything else is the platform's.
-    pub async fn specialise(&self, d: &Deployment, sink: &LogSink) -> Result<(), SpecialiseError> {
+    async fn specialise(&self, d: &Deployment, sink: &LogSink) -> Result<(), SpecialiseError> {
         let Some((code, deps)) = &self.slot else {
             return Err(SpecialiseError::Platform("not a generic instance".into()));
         };
@@ -191,7 +370,7 @@ impl Instance {
         let mut conn = self
             .checkout()
             .await
-            .map_err(|e| SpecialiseError::Platform(describe(e)))?;
+            .map_err(|e| SpecialiseError::Platform(e.to_string()))?;
         let body = body.to_string();
         let head = RequestHead::new("POST", "/_sless/load")
             .header("host", "instance")
@@ -218,27 +397,12 @@ impl Instance {
         }
     }
 
-    pub fn revision(&self) -> u64 {
+    fn revision(&self) -> u64 {
         self.revision.load(Ordering::Acquire)
     }
 
-    async fn readiness_check(&self) -> Result<(), String> {
-        let mut conn = self.checkout().await.map_err(describe)?;
-        let head = RequestHead::new("GET", "/_sless/ready")
-            .header("host", "instance")
-            .map_err(|e| e.to_string())?
-            .finish(0);
-        let resp = conn.exchange(&head, b"").await.map_err(|e| e.to_string())?;
-        self.checkin(conn);
-        if (200..300).contains(&resp.status) {
-            Ok(())
-        } else {
-            Err(format!("status {}", resp.status))
-        }
-    }
-
     /// Sends one event and returns (handler returned normally, body).
-    pub async fn call(
+    async fn call(
         &self,
         req: &InvokeRequest,
         timeout: Option<Duration>,
@@ -257,18 +421,16 @@ impl Instance {
                 .await
                 .map_err(|e| match e {
                     sless_wire::WireError::Send(_) | sless_wire::WireError::Closed => {
-                        CallError::Failed(format!("instance failed without answering ({e})"))
+                        CallError::NoAnswer(e)
                     }
-                    e => CallError::Failed(format!("instance failed while answering ({e})")),
+                    e => CallError::BrokenAnswer(e),
                 })?;
             self.answered.fetch_add(1, Ordering::Relaxed);
             self.checkin(conn);
             match resp.status {
                 200 => Ok((true, resp.body)),
                 500 => Ok((false, resp.body)),
-                other => Err(CallError::Failed(format!(
-                    "instance answered status {other}, which the protocol does not allow"
-                ))),
+                other => Err(CallError::BadStatus(other)),
             }
         };
         let result = match timeout {
@@ -281,32 +443,7 @@ impl Instance {
         result
     }
 
-    async fn checkout(&self) -> Result<Conn<UnixStream>, CallError> {
-        loop {
-            let idle = self.conns.lock().unwrap_or_else(|e| e.into_inner()).pop();
-            match idle {
-                Some(conn) if !conn.peer_gone() => return Ok(conn),
-                Some(_) => continue,
-                None => break,
-            }
-        }
-        let stream = UnixStream::connect(&self.socket)
-            .await
-            .map_err(|e| CallError::Failed(format!("cannot connect to instance ({e})")))?;
-        Ok(Conn::new(stream))
-    }
-
-    fn checkin(&self, conn: Conn<UnixStream>) {
-        if !conn.reusable() {
-            return;
-        }
-        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        if conns.len() < MAX_IDLE_CONNS {
-            conns.push(conn);
-        }
-    }
-
-    pub fn idle_for(&self) -> Duration {
+    fn idle_for(&self) -> Duration {
         self.last_used
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -314,49 +451,51 @@ impl Instance {
     }
 
     /// Kills the instance on purpose (its exit will not count as a crash).
-    pub fn kill(&self) {
-        self.state.store(STOPPING, Ordering::Release);
+    fn kill(&self) {
+        self.life.set_state(STOPPING);
         self.conns.lock().unwrap_or_else(|e| e.into_inner()).clear();
         self.killer.kill();
     }
 
-    pub fn is_dead(&self) -> bool {
+    fn is_dead(&self) -> bool {
         self.exit.borrow().is_some()
     }
 
+    fn exit(&self) -> watch::Receiver<Option<Exit>> {
+        self.exit.clone()
+    }
+
     /// What the liveness monitor samples; `None` once the instance is stopping.
-    pub fn activity(&self) -> Option<Activity> {
-        if self.state.load(Ordering::Acquire) == STOPPING || self.is_dead() {
-            return None;
-        }
-        Some(Activity {
-            inflight: self.inflight.load(Ordering::Acquire),
-            answered: self.answered.load(Ordering::Relaxed),
-        })
+    fn activity(&self) -> Option<Activity> {
+        launcher::activity(
+            &self.life,
+            self.is_dead(),
+            self.answered.load(Ordering::Relaxed),
+        )
     }
 
     /// Asks the instance's serving loop whether it still answers (`GET /_sless/ready`
     /// on a connection of its own, never one a request is waiting on).
-    pub async fn probe(&self) -> bool {
+    async fn probe(&self) -> bool {
         self.readiness_check().await.is_ok()
     }
 
     /// Kills an instance whose serving loop stopped answering; the requests it holds
     /// then fail, saying so.
-    pub fn kill_unresponsive(&self) {
+    fn kill_unresponsive(&self) {
         self.unresponsive.store(true, Ordering::Release);
         self.kill();
     }
 
-    pub fn is_unresponsive(&self) -> bool {
+    fn is_unresponsive(&self) -> bool {
         self.unresponsive.load(Ordering::Acquire)
     }
 
     /// Freezes the instance if it has been idle for `after`; call with the pool's
     /// lock held. Returns whether it froze it now.
-    pub fn freeze_if_idle(&self, after: Duration) -> bool {
+    fn freeze_if_idle(&self, after: Duration) -> bool {
         if self.frozen.load(Ordering::Acquire)
-            || self.inflight.load(Ordering::Acquire) != 0
+            || self.life.inflight() != 0
             || self.idle_for() < after
         {
             return false;
@@ -376,7 +515,7 @@ impl Instance {
 
     /// Thaws the instance if it is frozen; call with the pool's lock held, before a
     /// request is sent to it.
-    pub fn thaw(&self) -> std::io::Result<()> {
+    fn thaw(&self) -> std::io::Result<()> {
         if self.frozen.load(Ordering::Acquire) {
             self.killer.set_frozen(false)?;
             self.frozen.store(false, Ordering::Release);
@@ -384,14 +523,15 @@ impl Instance {
         Ok(())
     }
 
-    pub fn cleanup(&self) {
+    fn cleanup(&self) {
+        // Best effort: a directory left behind is removed with the run directory at the next start.
         let _ = std::fs::remove_dir_all(&self.run_dir);
     }
 }
 
 /// The head of `POST /_sless/invoke` carrying `req`.
 fn invoke_head(req: &InvokeRequest, deadline_ms: Option<u64>) -> Result<Vec<u8>, CallError> {
-    let bad = |e: sless_wire::WireError| CallError::Failed(e.to_string());
+    let bad = CallError::Request;
     let mut head = RequestHead::new("POST", "/_sless/invoke")
         .header("host", "instance")
         .and_then(|h| h.header("content-type", "application/json"))
@@ -418,29 +558,32 @@ async fn launch(
     slot: Option<(PathBuf, PathBuf)>,
     (family, network): (RuntimeFamily, NetworkMode),
     cpu_millicores: u32,
-) -> Result<Arc<Instance>, String> {
+) -> Result<Arc<SandboxInstance>, StartError> {
     let id = spec.id.clone();
     let mut child = match sandbox.spawn(&spec) {
         Ok(child) => child,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&run_dir);
-            return Err(format!("cannot start instance: {e}"));
+            return Err(StartError::Spawn(e));
         }
     };
     let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
     if let Some(out) = child.stdout.take() {
         tokio::spawn(pump(out, sink.clone(), "stdout", None));
     }
-    if let Some(err) = child.stderr.take() {
-        tokio::spawn(pump(err, sink.clone(), "stderr", Some(tail.clone())));
-    }
+    // Joined after a failed start: it ends once the process's stderr closes, so by
+    // then every line it wrote is in `tail`.
+    let stderr_pump: Option<JoinHandle<()>> = child
+        .stderr
+        .take()
+        .map(|err| tokio::spawn(pump(err, sink.clone(), "stderr", Some(tail.clone()))));
     let ready = child.ready.take();
     let killer = child.killer();
     // Set right after the start, before the shim has imported anything of the function.
     if let Err(e) = killer.set_cpu_millicores(cpu_millicores) {
         killer.kill();
         let _ = std::fs::remove_dir_all(&run_dir);
-        return Err(format!("cannot set the CPU limit: {e}"));
+        return Err(StartError::CpuLimit(e));
     }
     let (exit_tx, mut exit_rx) = watch::channel(None);
     tokio::spawn(async move {
@@ -450,43 +593,64 @@ async fn launch(
         drop(child);
     });
 
-    let explain = |what: String, tail: &Mutex<VecDeque<String>>| {
-        let lines: Vec<String> = tail
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .cloned()
-            .collect();
-        if lines.is_empty() {
-            what
-        } else {
-            format!("{what}: {}", lines.join("\n"))
-        }
+    let output = |tail: &Mutex<VecDeque<String>>| {
+        StderrTail(
+            tail.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .cloned()
+                .collect(),
+        )
     };
     let start_timeout = cfg.start_timeout;
+    /// What ended the wait for the `ready` line, when it did not arrive.
+    enum NotReady {
+        Exited,
+        Pipe(ReadyPipeError),
+        TimedOut,
+    }
     let signalled = tokio::select! {
-        r = wait_ready_line(ready) => r,
-        _ = exit_rx.changed() => Err(String::new()),
-        _ = tokio::time::sleep(start_timeout) => Err(format!("did not become ready within {} s", start_timeout.as_secs())),
+        r = wait_ready_line(ready) => match r {
+            Ok(()) => Ok(()),
+            Err(ReadyPipeError::Closed) => Err(NotReady::Exited),
+            Err(e) => Err(NotReady::Pipe(e)),
+        },
+        _ = exit_rx.changed() => Err(NotReady::Exited),
+        _ = tokio::time::sleep(start_timeout) => Err(NotReady::TimedOut),
     };
     if let Err(why) = signalled {
         killer.kill();
-        // Let the exit status and the last stderr lines arrive, to say why.
-        let exit = tokio::time::timeout(Duration::from_secs(2), exit_rx.wait_for(|e| e.is_some()))
+        // Let the exit status and the last stderr lines arrive, to say why: the
+        // stderr pump ends when the (killed) process's pipe closes.
+        let report = async {
+            let exit = exit_rx
+                .wait_for(|e| e.is_some())
+                .await
+                .ok()
+                .and_then(|e| e.clone());
+            if let Some(pump) = stderr_pump {
+                let _ = pump.await;
+            }
+            exit
+        };
+        let exit = tokio::time::timeout(FAILED_START_REPORT, report)
             .await
             .ok()
-            .and_then(|r| r.ok().and_then(|e| e.clone()));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+            .flatten()
+            .or_else(|| exit_rx.borrow().clone());
         let _ = std::fs::remove_dir_all(&run_dir);
-        let what = match (why.is_empty(), exit) {
-            (false, _) => format!("instance {why}"),
-            (true, Some(exit)) => format!("instance {exit} while starting"),
-            (true, None) => "instance exited while starting".to_string(),
-        };
-        return Err(explain(what, &tail));
+        let output = output(&tail);
+        return Err(match why {
+            NotReady::Exited => StartError::Exited { exit, output },
+            NotReady::Pipe(why) => StartError::ReadyPipe { why, output },
+            NotReady::TimedOut => StartError::NotReady {
+                seconds: start_timeout.as_secs(),
+                output,
+            },
+        });
     }
 
-    let instance = Arc::new(Instance {
+    let instance = Arc::new(SandboxInstance {
         id,
         revision: AtomicU64::new(0),
         family,
@@ -496,24 +660,23 @@ async fn launch(
         slot,
         sink,
         conns: Mutex::new(Vec::new()),
-        inflight: AtomicU32::new(0),
+        life: Lifecycle::new(),
         answered: AtomicU64::new(0),
         unresponsive: AtomicBool::new(false),
-        state: AtomicU8::new(STARTING),
         frozen: AtomicBool::new(false),
         killer,
         last_used: Mutex::new(Instant::now()),
         exit: exit_rx,
     });
-    if let Err(e) = instance.readiness_check().await {
-        instance.kill();
-        instance.cleanup();
-        return Err(explain(
-            format!("instance failed its readiness check: {e}"),
-            &tail,
-        ));
+    if let Err(why) = instance.readiness_check().await {
+        launcher::Instance::kill(&*instance);
+        launcher::Instance::cleanup(&*instance);
+        return Err(StartError::ReadinessCheck {
+            why,
+            output: output(&tail),
+        });
     }
-    instance.state.store(READY, Ordering::Release);
+    instance.life.set_state(READY);
     Ok(instance)
 }
 
@@ -521,10 +684,13 @@ async fn launch(
 const GENERIC_MEMORY_MB: u32 = 256;
 
 /// Why a generic instance could not take a function.
+#[derive(Debug, thiserror::Error)]
 pub(crate) enum SpecialiseError {
     /// The function's entrypoint could not be loaded (the user's problem).
+    #[error("{0}")]
     Load(String),
     /// Anything else; the caller falls back to a fresh instance.
+    #[error("{0}")]
     Platform(String),
 }
 
@@ -568,13 +734,6 @@ fn link_tree(src: &std::path::Path, dst: &std::path::Path) -> std::io::Result<()
         }
     }
     Ok(())
-}
-
-fn describe(e: CallError) -> String {
-    match e {
-        CallError::Timeout => "timed out".to_string(),
-        CallError::Failed(m) => m,
-    }
 }
 
 fn prepare_run_dir(
@@ -684,26 +843,25 @@ fn process_spec(
 }
 
 /// Waits for the shim's `ready` line on the readiness pipe.
-async fn wait_ready_line(ready: Option<tokio::net::unix::pipe::Receiver>) -> Result<(), String> {
+async fn wait_ready_line(
+    ready: Option<tokio::net::unix::pipe::Receiver>,
+) -> Result<(), ReadyPipeError> {
     let Some(mut ready) = ready else {
-        return Err("has no readiness pipe".into());
+        return Err(ReadyPipeError::Missing);
     };
     let mut buf = [0u8; 16];
     let mut got = Vec::new();
     loop {
-        let n = ready
-            .read(&mut buf)
-            .await
-            .map_err(|e| format!("readiness pipe failed: {e}"))?;
+        let n = ready.read(&mut buf).await.map_err(ReadyPipeError::Io)?;
         if n == 0 {
-            return Err(String::new());
+            return Err(ReadyPipeError::Closed);
         }
         got.extend_from_slice(&buf[..n]);
         if got.starts_with(b"ready") {
             return Ok(());
         }
         if got.len() > 64 {
-            return Err("wrote garbage to its readiness pipe".into());
+            return Err(ReadyPipeError::Garbage);
         }
     }
 }
@@ -789,6 +947,7 @@ mod tests {
         pump(output, sink, "stdout", None).await;
         store
             .tail("ns", "f", 100)
+            .await
             .expect("tail")
             .into_iter()
             .map(|line| {
@@ -830,5 +989,52 @@ mod tests {
         }
         let joined = lines[0].trim_end_matches(SPLIT_MARKER).to_string() + &lines[1];
         assert_eq!(joined.as_bytes(), output.as_slice());
+    }
+
+    #[test]
+    fn start_errors_say_what_happened_and_what_the_instance_printed() {
+        let exit = Exit {
+            code: Some(1),
+            signal: None,
+            oom_killed: false,
+        };
+        let output = StderrTail(vec!["Traceback".into(), "ImportError: app".into()]);
+        let exited = StartError::Exited {
+            exit: Some(exit),
+            output,
+        };
+        assert_eq!(
+            exited.to_string(),
+            "instance exited with status 1 while starting: Traceback\nImportError: app"
+        );
+        let unknown = StartError::Exited {
+            exit: None,
+            output: StderrTail::default(),
+        };
+        assert_eq!(unknown.to_string(), "instance exited while starting");
+        let slow = StartError::NotReady {
+            seconds: 30,
+            output: StderrTail::default(),
+        };
+        assert_eq!(
+            slow.to_string(),
+            "instance did not become ready within 30 s"
+        );
+        let garbage = StartError::ReadyPipe {
+            why: ReadyPipeError::Garbage,
+            output: StderrTail::default(),
+        };
+        assert_eq!(
+            garbage.to_string(),
+            "instance wrote garbage to its readiness pipe"
+        );
+        let check = StartError::ReadinessCheck {
+            why: ProbeError::Status(503),
+            output: StderrTail::default(),
+        };
+        assert_eq!(
+            check.to_string(),
+            "instance failed its readiness check: status 503"
+        );
     }
 }

@@ -11,9 +11,13 @@
 //! waits on control-plane work.
 
 mod instance;
+mod launcher;
 mod liveness;
 mod pool;
 mod warm;
+
+#[cfg(test)]
+mod fake;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -26,9 +30,13 @@ use sless_core::{InstanceCounts, NetworkMode, RuntimeFamily};
 use sless_logs::LogStore;
 use sless_sandbox::Sandbox;
 
+use crate::instance::SandboxLauncher;
 pub use crate::liveness::{LIVENESS_FAILURES, LIVENESS_PERIOD};
 use crate::pool::Pool;
 use crate::warm::WarmPool;
+
+/// The executor's pools, of sandboxed instances.
+type SandboxPool = Pool<SandboxLauncher>;
 
 /// Where things are and how long to wait for them.
 #[derive(Debug, Clone)]
@@ -150,12 +158,12 @@ pub enum InvokeError {
 /// All pools.
 pub struct Executor {
     cfg: Arc<ExecutorConfig>,
-    sandbox: Arc<Sandbox>,
+    launcher: Arc<SandboxLauncher>,
     logs: Arc<LogStore>,
     /// Namespace → function → pool; nested so lookups by `&str` allocate nothing.
-    pools: RwLock<HashMap<String, HashMap<String, Arc<Pool>>>>,
+    pools: RwLock<HashMap<String, HashMap<String, Arc<SandboxPool>>>>,
     next_instance: Arc<AtomicU64>,
-    warm: Option<Arc<WarmPool>>,
+    warm: Option<Arc<WarmPool<SandboxLauncher>>>,
 }
 
 impl Executor {
@@ -171,17 +179,20 @@ impl Executor {
         std::fs::create_dir_all(&cfg.run_dir)?;
         let cfg = Arc::new(cfg);
         let next_instance = Arc::new(AtomicU64::new(1));
+        let launcher = Arc::new(SandboxLauncher {
+            cfg: cfg.clone(),
+            sandbox,
+        });
         let warm = (cfg.prewarm_per_runtime > 0).then(|| {
             WarmPool::new(
-                cfg.clone(),
-                sandbox.clone(),
+                launcher.clone(),
                 next_instance.clone(),
                 cfg.prewarm_per_runtime,
             )
         });
         let executor = Arc::new(Self {
             cfg,
-            sandbox,
+            launcher,
             logs,
             pools: RwLock::new(HashMap::new()),
             next_instance,
@@ -206,12 +217,12 @@ impl Executor {
         Ok(executor)
     }
 
-    fn pool(&self, namespace: &str, name: &str) -> Option<Arc<Pool>> {
+    fn pool(&self, namespace: &str, name: &str) -> Option<Arc<SandboxPool>> {
         let pools = self.pools.read().unwrap_or_else(|e| e.into_inner());
         pools.get(namespace)?.get(name).cloned()
     }
 
-    fn all_pools(&self) -> Vec<Arc<Pool>> {
+    fn all_pools(&self) -> Vec<Arc<SandboxPool>> {
         self.pools
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -234,7 +245,7 @@ impl Executor {
                 .or_insert_with(|| {
                     Pool::new(
                         self.cfg.clone(),
-                        self.sandbox.clone(),
+                        self.launcher.clone(),
                         self.logs.sink(&deployment.namespace, &deployment.name),
                         self.next_instance.clone(),
                         self.warm.clone(),

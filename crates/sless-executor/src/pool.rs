@@ -3,17 +3,19 @@
 //!
 //! All state sits behind one `std::sync::Mutex` that is never held across an
 //! `.await`; waiting requests park on a `Notify` that is poked on every change.
+//! A pool is generic over its [`Launcher`], so its unit tests (in `pool/tests.rs`)
+//! run it with fake instances on a paused clock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use sless_core::InstanceCounts;
+use sless_core::{Backoff, InstanceCounts};
 use sless_logs::LogSink;
-use sless_sandbox::Sandbox;
 use tokio::sync::Notify;
 
-use crate::instance::{CallError, DRAINING, Instance, READY, STOPPING, SpecialiseError};
+use crate::instance::{CallError, SpecialiseError, StartError};
+use crate::launcher::{DRAINING, Instance, Launcher, READY, STOPPING};
 use crate::liveness::{self, LIVENESS_FAILURES, Outcome};
 use crate::warm::WarmPool;
 use crate::{DeployError, Deployment, ExecutorConfig, InvokeError, InvokeRequest, InvokeResponse};
@@ -21,27 +23,35 @@ use crate::{DeployError, Deployment, ExecutorConfig, InvokeError, InvokeRequest,
 /// Longest wait between restarts of an instance that keeps failing.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-pub(crate) struct Pool {
+/// Restarts after crashes or failed starts: 100 ms, doubling, at most [`MAX_BACKOFF`].
+const RESTART_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), MAX_BACKOFF);
+
+/// How long a request whose connection failed waits for the instance's exit status,
+/// so its error can say how the instance ended. An instance whose serving loop died
+/// while the process lives on never exits, so this is a real time limit.
+const EXIT_REPORT_WAIT: Duration = Duration::from_millis(200);
+
+pub(crate) struct Pool<L: Launcher> {
     cfg: Arc<ExecutorConfig>,
-    sandbox: Arc<Sandbox>,
+    launcher: Arc<L>,
     sink: LogSink,
     counter: Arc<AtomicU64>,
-    warm: Option<Arc<WarmPool>>,
-    state: Mutex<State>,
+    warm: Option<Arc<WarmPool<L>>>,
+    state: Mutex<State<L::Instance>>,
     notify: Notify,
-    me: Weak<Pool>,
+    me: Weak<Pool<L>>,
 }
 
-struct State {
+struct State<I> {
     deployment: Arc<Deployment>,
     /// Whether `deploy` has run for `deployment` (the pool is created with it).
     activated: bool,
     /// Serving instances of the current revision.
-    instances: Vec<Arc<Instance>>,
+    instances: Vec<Arc<I>>,
     /// Instances being started for the current revision.
     starting: u32,
     /// Instances of old revisions (or retired ones) finishing their requests.
-    draining: Vec<Arc<Instance>>,
+    draining: Vec<Arc<I>>,
     waiters: usize,
     closed: bool,
     last_error: Option<String>,
@@ -51,18 +61,18 @@ struct State {
     failures: u32,
 }
 
-impl Pool {
+impl<L: Launcher> Pool<L> {
     pub fn new(
         cfg: Arc<ExecutorConfig>,
-        sandbox: Arc<Sandbox>,
+        launcher: Arc<L>,
         sink: LogSink,
         counter: Arc<AtomicU64>,
-        warm: Option<Arc<WarmPool>>,
+        warm: Option<Arc<WarmPool<L>>>,
         deployment: Deployment,
-    ) -> Arc<Pool> {
+    ) -> Arc<Self> {
         Arc::new_cyclic(|me| Pool {
             cfg,
-            sandbox,
+            launcher,
             sink,
             counter,
             warm,
@@ -83,7 +93,7 @@ impl Pool {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<L::Instance>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -113,14 +123,14 @@ impl Pool {
 
     /// A ready instance of `d`: a pre-started generic one given the function when
     /// the warm pool has one, otherwise a freshly started one.
-    async fn obtain(&self, d: &Deployment, id: String) -> Result<Arc<Instance>, String> {
+    async fn obtain(&self, d: &Deployment, id: String) -> Result<Arc<L::Instance>, StartError> {
         if let Some(generic) = self.warm.as_ref().and_then(|w| w.take(d.family, d.network)) {
             match generic.specialise(d, &self.sink).await {
                 Ok(()) => return Ok(generic),
                 Err(SpecialiseError::Load(message)) => {
                     generic.kill();
                     generic.cleanup();
-                    return Err(message);
+                    return Err(StartError::Load(message));
                 }
                 Err(SpecialiseError::Platform(why)) => {
                     tracing::warn!(function = %d.name, "generic instance unusable ({why}); starting a fresh one");
@@ -129,7 +139,7 @@ impl Pool {
                 }
             }
         }
-        Instance::start(&self.cfg, &self.sandbox, &self.sink, d, id).await
+        self.launcher.start(&self.sink, d, id).await
     }
 
     /// Starts an instance ahead of expected traffic (a cron trigger about to fire)
@@ -186,7 +196,7 @@ impl Pool {
                 "sless",
                 &format!("revision {} did not start: {e}", d.revision),
             );
-            return Err(DeployError::InstanceFailed(e));
+            return Err(DeployError::InstanceFailed(e.to_string()));
         }
         let mut st = self.lock();
         if st.closed {
@@ -204,7 +214,12 @@ impl Pool {
 
     /// Makes `d` current with the `fresh` instances already started for it: old
     /// instances drain, and the minimum is topped up.
-    fn switch(&self, st: &mut State, d: Arc<Deployment>, fresh: Vec<Arc<Instance>>) {
+    fn switch(
+        &self,
+        st: &mut State<L::Instance>,
+        d: Arc<Deployment>,
+        fresh: Vec<Arc<L::Instance>>,
+    ) {
         let revision_changed =
             st.deployment.revision != d.revision || st.deployment.code_dir != d.code_dir;
         let same_instances_fit = !revision_changed && *st.deployment == *d;
@@ -223,17 +238,24 @@ impl Pool {
     }
 
     /// Stops taking requests on `instance`; kills it once idle (or after a grace).
-    fn drain(&self, st: &mut State, instance: Arc<Instance>) {
-        instance.state.store(DRAINING, Ordering::Release);
-        if instance.inflight.load(Ordering::Acquire) == 0 {
+    fn drain(&self, st: &mut State<L::Instance>, instance: Arc<L::Instance>) {
+        instance.life().set_state(DRAINING);
+        if instance.life().inflight() == 0 {
             instance.kill();
         } else {
-            // Requests past the function's timeout are answered with 504 anyway.
+            // The last request to end kills it (see `Permit`); requests past the
+            // function's timeout are answered with 504 anyway, so one that never
+            // ends cannot keep it alive past this grace period.
             let grace = Duration::from_secs(u64::from(st.deployment.timeout_sec.max(1)) + 5);
             let straggler = instance.clone();
+            let mut exit = instance.exit();
             tokio::spawn(async move {
-                tokio::time::sleep(grace).await;
-                straggler.kill();
+                if tokio::time::timeout(grace, exit.wait_for(|e| e.is_some()))
+                    .await
+                    .is_err()
+                {
+                    straggler.kill();
+                }
             });
         }
         st.draining.push(instance);
@@ -270,7 +292,7 @@ impl Pool {
     }
 
     /// Starts instances until the current revision has its minimum.
-    fn ensure_min(&self, st: &mut State) {
+    fn ensure_min(&self, st: &mut State<L::Instance>) {
         if st.closed || st.deployment.paused {
             return;
         }
@@ -280,15 +302,10 @@ impl Pool {
     }
 
     /// Starts one instance of the current revision in the background.
-    fn start_one(&self, st: &mut State) {
+    fn start_one(&self, st: &mut State<L::Instance>) {
         st.starting += 1;
         let d = st.deployment.clone();
-        let delay = if st.failures == 0 {
-            Duration::ZERO
-        } else {
-            (Duration::from_millis(100) * 2u32.saturating_pow(st.failures.min(16) - 1))
-                .min(MAX_BACKOFF)
-        };
+        let delay = RESTART_BACKOFF.delay(st.failures);
         let id = self.next_id();
         let Some(pool) = self.me.upgrade() else {
             return;
@@ -313,6 +330,7 @@ impl Pool {
                     }
                 }
                 Err(e) => {
+                    let e = e.to_string();
                     pool.sink.line("sless", &e);
                     st.last_error = Some(e);
                     st.failed_starts += 1;
@@ -328,7 +346,7 @@ impl Pool {
     /// Follows an instance until it exits, then forgets it and, if it was not
     /// stopped on purpose, reports the crash and replaces it as needed. Meanwhile
     /// checks that its serving loop still answers while it is busy.
-    fn watch(&self, instance: &Arc<Instance>) {
+    fn watch(&self, instance: &Arc<L::Instance>) {
         let Some(pool) = self.me.upgrade() else {
             return;
         };
@@ -353,20 +371,20 @@ impl Pool {
         }
         let instance = instance.clone();
         tokio::spawn(async move {
-            let mut exit = instance.exit.clone();
+            let mut exit = instance.exit();
             let exit = match exit.wait_for(|e| e.is_some()).await {
                 Ok(e) => e.clone(),
                 Err(_) => None,
             };
             instance.cleanup();
-            let on_purpose = instance.state.load(Ordering::Acquire) == STOPPING;
+            let on_purpose = instance.life().state() == STOPPING;
             let mut st = pool.lock();
             st.instances.retain(|i| !Arc::ptr_eq(i, &instance));
             st.draining.retain(|i| !Arc::ptr_eq(i, &instance));
             if !on_purpose {
                 let what = match &exit {
-                    Some(exit) => format!("instance {} {exit}", instance.id),
-                    None => format!("instance {} vanished", instance.id),
+                    Some(exit) => format!("instance {} {exit}", instance.id()),
+                    None => format!("instance {} vanished", instance.id()),
                 };
                 pool.sink.line("sless", &what);
                 tracing::warn!(function = %st.deployment.name, "{what}");
@@ -388,7 +406,7 @@ impl Pool {
             let victim = st
                 .instances
                 .iter()
-                .filter(|i| i.inflight.load(Ordering::Acquire) == 0 && i.idle_for() >= idle_limit)
+                .filter(|i| i.life().inflight() == 0 && i.idle_for() >= idle_limit)
                 .max_by_key(|i| i.idle_for())
                 .cloned();
             let Some(victim) = victim else { break };
@@ -427,13 +445,13 @@ impl Pool {
                 if let Some(instance) = pick(&st) {
                     // Under the lock, so the freezer cannot freeze it again meanwhile.
                     if let Err(e) = instance.thaw() {
-                        tracing::warn!(instance = %instance.id, error = %e, "cannot thaw an instance; replacing it");
+                        tracing::warn!(instance = %instance.id(), error = %e, "cannot thaw an instance; replacing it");
                         st.instances.retain(|i| !Arc::ptr_eq(i, &instance));
                         self.drain(&mut st, instance);
                         self.ensure_min(&mut st);
                         continue;
                     }
-                    instance.inflight.fetch_add(1, Ordering::AcqRel);
+                    instance.life().inflight.fetch_add(1, Ordering::AcqRel);
                     break (instance, st.deployment.timeout_sec);
                 }
                 if st.waiters >= self.cfg.max_queue {
@@ -497,19 +515,16 @@ impl Pool {
                     seconds: timeout_sec,
                 })
             }
-            Err(CallError::Failed(_)) if instance.is_unresponsive() => {
+            Err(_) if instance.is_unresponsive() => {
                 Err(InvokeError::InstanceFailed(STOPPED_RESPONDING.to_string()))
             }
-            Err(CallError::Failed(why)) => {
+            Err(why) => {
                 // Give the exit status a moment to arrive so the error can say what happened.
-                let mut exit = instance.exit.clone();
-                let exited = tokio::time::timeout(
-                    Duration::from_millis(200),
-                    exit.wait_for(|e| e.is_some()),
-                )
-                .await
-                .ok()
-                .and_then(|r| r.ok().and_then(|e| e.clone()));
+                let mut exit = instance.exit();
+                let exited = tokio::time::timeout(EXIT_REPORT_WAIT, exit.wait_for(|e| e.is_some()))
+                    .await
+                    .ok()
+                    .and_then(|r| r.ok().and_then(|e| e.clone()));
                 match exited {
                     // The watcher reports the exit and replaces the instance.
                     Some(exit) => Err(InvokeError::InstanceFailed(format!(
@@ -521,7 +536,7 @@ impl Pool {
                         // be dead while the process lives on), so it takes no more
                         // requests and is replaced.
                         self.retire(&instance, "a request failed without an answer");
-                        Err(InvokeError::InstanceFailed(why))
+                        Err(InvokeError::InstanceFailed(why.to_string()))
                     }
                 }
             }
@@ -533,19 +548,19 @@ impl Pool {
 const STOPPED_RESPONDING: &str = "function instance stopped responding: its serving loop \
     answered no liveness check while this request ran, so the instance was replaced";
 
-impl Pool {
+impl<L: Launcher> Pool<L> {
     /// Handles an instance whose serving loop has not answered liveness checks for
     /// `silent_for` while it had requests in flight. With a `timeout_sec` its requests
     /// end at their timeout (or with their answer, should the loop recover): it only
     /// takes no new ones and is replaced. Without one nothing would ever end them, so
     /// it is killed: its requests fail with [`STOPPED_RESPONDING`] and a fresh
     /// instance takes its place.
-    fn unresponsive(&self, instance: &Arc<Instance>, silent_for: Duration) {
+    fn unresponsive(&self, instance: &Arc<L::Instance>, silent_for: Duration) {
         let mut st = self.lock();
         let what = format!(
             "instance {} stopped responding: {LIVENESS_FAILURES} liveness checks in a row \
              went unanswered over {} s while requests were in flight",
-            instance.id,
+            instance.id(),
             silent_for.as_secs()
         );
         tracing::warn!(function = %st.deployment.name, "{what}");
@@ -571,13 +586,13 @@ impl Pool {
 
     /// Takes `instance` out of service (it drains, then is killed) and tops the pool
     /// back up; returns the function's name.
-    fn retire(&self, instance: &Arc<Instance>, why: &str) -> String {
+    fn retire(&self, instance: &Arc<L::Instance>, why: &str) -> String {
         let mut st = self.lock();
         if let Some(pos) = st.instances.iter().position(|i| Arc::ptr_eq(i, instance)) {
             let retired = st.instances.remove(pos);
             self.sink.line(
                 "sless",
-                &format!("instance {} is recycled after {why}", retired.id),
+                &format!("instance {} is recycled after {why}", retired.id()),
             );
             self.drain(&mut st, retired);
             self.ensure_min(&mut st);
@@ -587,29 +602,40 @@ impl Pool {
 }
 
 /// The least busy serving instance with room, if any.
-fn pick(st: &State) -> Option<Arc<Instance>> {
+fn pick<I: Instance>(st: &State<I>) -> Option<Arc<I>> {
     let limit = st.deployment.concurrency;
     st.instances
         .iter()
-        .filter(|i| i.state.load(Ordering::Acquire) == READY && !i.is_dead())
-        .map(|i| (i.inflight.load(Ordering::Acquire), i))
+        .filter(|i| i.life().state() == READY && !i.is_dead())
+        .map(|i| (i.life().inflight(), i))
         .filter(|(n, _)| *n < limit)
         .min_by_key(|(n, _)| *n)
         .map(|(_, i)| i.clone())
 }
 
 /// Holds one unit of an instance's concurrency for the length of a request.
-struct Permit<'a> {
-    pool: &'a Pool,
-    instance: &'a Arc<Instance>,
+struct Permit<'a, L: Launcher> {
+    pool: &'a Pool<L>,
+    instance: &'a Arc<L::Instance>,
 }
 
-impl Drop for Permit<'_> {
+impl<L: Launcher> Drop for Permit<'_, L> {
     fn drop(&mut self) {
-        let left = self.instance.inflight.fetch_sub(1, Ordering::AcqRel) - 1;
-        if left == 0 && self.instance.state.load(Ordering::Acquire) == DRAINING {
+        let left = self.instance.life().inflight.fetch_sub(1, Ordering::AcqRel) - 1;
+        if left == 0 && self.instance.life().state() == DRAINING {
             self.instance.kill();
         }
         self.pool.notify.notify_waiters();
     }
 }
+
+#[cfg(test)]
+impl<L: Launcher> Pool<L> {
+    /// Requests waiting for an instance with room.
+    fn waiting(&self) -> usize {
+        self.lock().waiters
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -14,43 +14,47 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use sless_core::{NetworkMode, RuntimeFamily};
-use sless_sandbox::Sandbox;
+use sless_core::{Backoff, NetworkMode, RuntimeFamily};
 
-use crate::ExecutorConfig;
-use crate::instance::Instance;
+use crate::launcher::{Instance, Launcher};
 
-pub(crate) struct WarmPool {
-    cfg: Arc<ExecutorConfig>,
-    sandbox: Arc<Sandbox>,
+/// Retries of a kind whose generic instances fail to start: 400 ms, doubling, at most a minute.
+const REFILL_BACKOFF: Backoff = Backoff::new(Duration::from_millis(400), Duration::from_secs(60));
+
+pub(crate) struct WarmPool<L: Launcher> {
+    launcher: Arc<L>,
     counter: Arc<AtomicU64>,
     target: usize,
-    state: Mutex<WarmState>,
-    me: Weak<WarmPool>,
+    state: Mutex<WarmState<L::Instance>>,
+    me: Weak<WarmPool<L>>,
 }
 
 /// What makes generic instances interchangeable.
 type Kind = (RuntimeFamily, NetworkMode);
 
-#[derive(Default)]
-struct WarmState {
-    idle: HashMap<Kind, Vec<Arc<Instance>>>,
+struct WarmState<I> {
+    idle: HashMap<Kind, Vec<Arc<I>>>,
     starting: HashMap<Kind, usize>,
     /// Consecutive failed starts per kind, for back-off.
     failures: HashMap<Kind, u32>,
     closed: bool,
 }
 
-impl WarmPool {
-    pub fn new(
-        cfg: Arc<ExecutorConfig>,
-        sandbox: Arc<Sandbox>,
-        counter: Arc<AtomicU64>,
-        target: usize,
-    ) -> Arc<Self> {
+impl<I> Default for WarmState<I> {
+    fn default() -> Self {
+        Self {
+            idle: HashMap::new(),
+            starting: HashMap::new(),
+            failures: HashMap::new(),
+            closed: false,
+        }
+    }
+}
+
+impl<L: Launcher> WarmPool<L> {
+    pub fn new(launcher: Arc<L>, counter: Arc<AtomicU64>, target: usize) -> Arc<Self> {
         let pool = Arc::new_cyclic(|me| WarmPool {
-            cfg,
-            sandbox,
+            launcher,
             counter,
             target,
             state: Mutex::new(WarmState::default()),
@@ -62,12 +66,12 @@ impl WarmPool {
         pool
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, WarmState> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WarmState<L::Instance>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A live generic instance of `family` with `network`, if one is ready.
-    pub fn take(&self, family: RuntimeFamily, network: NetworkMode) -> Option<Arc<Instance>> {
+    pub fn take(&self, family: RuntimeFamily, network: NetworkMode) -> Option<Arc<L::Instance>> {
         let kind = (family, network);
         let taken = {
             let mut st = self.lock();
@@ -105,17 +109,13 @@ impl WarmPool {
                 return;
             };
             let id = format!("g{}", self.counter.fetch_add(1, Ordering::Relaxed));
-            let delay = if failures == 0 {
-                Duration::ZERO
-            } else {
-                (Duration::from_millis(200) * 2u32.saturating_pow(failures.min(10)))
-                    .min(Duration::from_secs(60))
-            };
+            let delay = REFILL_BACKOFF.delay(failures);
             tokio::spawn(async move {
-                tokio::time::sleep(delay).await;
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
                 let (family, network) = kind;
-                let started =
-                    Instance::start_generic(&pool.cfg, &pool.sandbox, family, network, id).await;
+                let started = pool.launcher.start_generic(family, network, id).await;
                 let mut st = pool.lock();
                 *st.starting.entry(kind).or_default() -= 1;
                 match started {

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -17,6 +17,8 @@ use tokio::sync::broadcast;
 const FOLLOW_BUFFER: usize = 1024;
 /// Longest line kept; longer output is cut so one runaway print cannot fill the log.
 pub const MAX_LINE: usize = 16 * 1024;
+/// How much of a log file [`LogStore::tail`] reads at a time, from the end backwards.
+const TAIL_CHUNK: u64 = 64 * 1024;
 
 /// All functions' logs.
 pub struct LogStore {
@@ -66,26 +68,13 @@ impl LogStore {
         LogSink(self.get(namespace, name))
     }
 
-    /// The last `n` lines, oldest first.
-    pub fn tail(&self, namespace: &str, name: &str, n: usize) -> io::Result<Vec<String>> {
+    /// The last `n` lines, oldest first. Reads only as much of the files as those
+    /// lines take, from the end, on a blocking thread.
+    pub async fn tail(&self, namespace: &str, name: &str, n: usize) -> io::Result<Vec<String>> {
         let log = self.get(namespace, name);
-        // Hold the writer lock so a rotation cannot happen between the two reads.
-        let _guard = log.file.lock().unwrap_or_else(|e| e.into_inner());
-        let mut lines = Vec::new();
-        for path in [rotated(&log.path), log.path.clone()] {
-            match File::open(&path) {
-                Ok(f) => {
-                    for line in BufReader::new(f).lines() {
-                        lines.push(line?);
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-        }
-        let skip = lines.len().saturating_sub(n);
-        lines.drain(..skip);
-        Ok(lines)
+        tokio::task::spawn_blocking(move || log.tail(n, TAIL_CHUNK))
+            .await
+            .map_err(io::Error::other)?
     }
 
     /// New lines of a function's log as they are written.
@@ -106,6 +95,91 @@ impl LogStore {
         let _ = fs::remove_file(rotated(&path));
         let _ = fs::remove_file(&path);
     }
+}
+
+impl FunctionLog {
+    /// The last `n` lines of the rotated and the current file, reading `chunk`
+    /// bytes at a time from the end. Blocking.
+    fn tail(&self, n: usize, chunk: u64) -> io::Result<Vec<String>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        // Open both files under the writers' lock, so no rotation falls between the two
+        // opens, and note how long the current one is: what is appended later is not
+        // part of this tail. The reads happen after the lock is released; a rotation
+        // meanwhile renames the files, which leaves open descriptors reading the same data.
+        let (mut current, rotated) = {
+            let _guard = self.file.lock().unwrap_or_else(|e| e.into_inner());
+            (
+                open_with_len(&self.path)?,
+                open_with_len(&rotated(&self.path))?,
+            )
+        };
+        let mut lines = match &mut current {
+            Some((file, len)) => last_lines(file, *len, n, chunk)?,
+            None => Vec::new(),
+        };
+        match rotated {
+            Some((mut file, len)) if lines.len() < n => {
+                let mut older = last_lines(&mut file, len, n - lines.len(), chunk)?;
+                older.append(&mut lines);
+                Ok(older)
+            }
+            _ => Ok(lines),
+        }
+    }
+}
+
+/// Opens `path` with its current length; `None` when it does not exist.
+fn open_with_len(path: &Path) -> io::Result<Option<(File, u64)>> {
+    match File::open(path) {
+        Ok(file) => {
+            let len = file.metadata()?.len();
+            Ok(Some((file, len)))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The last `n` lines in the first `len` bytes of `file`, oldest first, read
+/// backwards `chunk` bytes at a time until `n` whole lines are in hand.
+fn last_lines(file: &mut File, len: u64, n: usize, chunk: u64) -> io::Result<Vec<String>> {
+    // The final newline ends the last line; it separates nothing.
+    let end = len;
+    let mut start = end;
+    let mut buf: Vec<u8> = Vec::new();
+    let mut separators = 0usize;
+    while start > 0 && separators < n {
+        let from = start.saturating_sub(chunk.max(1));
+        let mut piece = vec![0u8; usize::try_from(start - from).map_err(io::Error::other)?];
+        file.seek(SeekFrom::Start(from))?;
+        file.read_exact(&mut piece)?;
+        let last = if start == end {
+            piece.len().saturating_sub(1)
+        } else {
+            piece.len()
+        };
+        separators += piece[..last].iter().filter(|&&b| b == b'\n').count();
+        piece.extend_from_slice(&buf);
+        buf = piece;
+        start = from;
+    }
+    if buf.is_empty() {
+        return Ok(Vec::new());
+    }
+    let text = buf.strip_suffix(b"\n").unwrap_or(&buf);
+    let mut pieces: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
+    // Unless the read reached the start of the file, the first piece is the end of
+    // a line that began before it.
+    if start > 0 {
+        pieces.remove(0);
+    }
+    let skip = pieces.len().saturating_sub(n);
+    Ok(pieces[skip..]
+        .iter()
+        .map(|line| String::from_utf8_lossy(line).into_owned())
+        .collect())
 }
 
 fn rotated(path: &Path) -> PathBuf {
@@ -175,22 +249,22 @@ impl LogSink {
 mod tests {
     use super::*;
 
-    #[test]
-    fn tail_returns_newest_lines_last() {
+    #[tokio::test]
+    async fn tail_returns_newest_lines_last() {
         let dir = tempfile::tempdir().unwrap();
         let store = LogStore::new(dir.path().to_path_buf(), 1 << 20).unwrap();
         let sink = store.sink("default", "hello");
         for i in 0..10 {
             sink.line("stdout", &format!("line {i}\n"));
         }
-        let tail = store.tail("default", "hello", 3).unwrap();
+        let tail = store.tail("default", "hello", 3).await.unwrap();
         assert_eq!(tail.len(), 3);
         assert!(tail[0].ends_with("[stdout] line 7"), "{tail:?}");
         assert!(tail[2].ends_with("[stdout] line 9"), "{tail:?}");
     }
 
-    #[test]
-    fn size_is_bounded_and_newest_lines_survive() {
+    #[tokio::test]
+    async fn size_is_bounded_and_newest_lines_survive() {
         let dir = tempfile::tempdir().unwrap();
         let store = LogStore::new(dir.path().to_path_buf(), 8 * 1024).unwrap();
         let sink = store.sink("ns", "f");
@@ -202,17 +276,88 @@ mod tests {
             .map(|e| e.unwrap().metadata().unwrap().len())
             .sum();
         assert!(total <= 8 * 1024, "{total} bytes on disk");
-        let tail = store.tail("ns", "f", 1).unwrap();
+        let tail = store.tail("ns", "f", 1).await.unwrap();
         assert!(tail[0].ends_with("message number 1999"));
     }
 
-    #[test]
-    fn remove_deletes_files() {
+    #[tokio::test]
+    async fn remove_deletes_files() {
         let dir = tempfile::tempdir().unwrap();
         let store = LogStore::new(dir.path().to_path_buf(), 1 << 20).unwrap();
         store.sink("ns", "f").line("build", "x");
         store.remove("ns", "f");
-        assert!(store.tail("ns", "f", 10).unwrap().is_empty());
+        assert!(store.tail("ns", "f", 10).await.unwrap().is_empty());
+    }
+
+    /// Every line of both files, oldest first: what `tail` must agree with.
+    fn all_lines(log: &FunctionLog) -> Vec<String> {
+        let mut lines = Vec::new();
+        for path in [rotated(&log.path), log.path.clone()] {
+            if let Ok(text) = fs::read_to_string(&path) {
+                lines.extend(text.lines().map(str::to_string));
+            }
+        }
+        lines
+    }
+
+    #[test]
+    fn tail_spans_the_rotated_file_for_any_chunk_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::new(dir.path().to_path_buf(), 4 * 1024).unwrap();
+        let sink = store.sink("ns", "f");
+        for i in 0..100 {
+            sink.line("stdout", &format!("line {i}"));
+        }
+        let log = store.get("ns", "f");
+        assert!(rotated(&log.path).exists(), "the log has rotated");
+        let all = all_lines(&log);
+        let current = fs::read_to_string(&log.path).unwrap().lines().count();
+        assert!(all.len() > current, "both files hold lines");
+        for chunk in [1, 7, 64, 1000, TAIL_CHUNK] {
+            for n in [
+                1,
+                current - 1,
+                current,
+                current + 1,
+                all.len(),
+                all.len() + 5,
+            ] {
+                let want = &all[all.len().saturating_sub(n)..];
+                assert_eq!(log.tail(n, chunk).unwrap(), want, "n={n} chunk={chunk}");
+            }
+        }
+        assert!(all.last().unwrap().ends_with("line 99"));
+    }
+
+    #[test]
+    fn tail_reads_lines_longer_than_a_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::new(dir.path().to_path_buf(), 1 << 20).unwrap();
+        let sink = store.sink("ns", "f");
+        let long = "x".repeat(5000);
+        sink.line("stdout", "first");
+        sink.line("stdout", &long);
+        sink.line("stdout", "");
+        sink.line("stdout", &long);
+        let log = store.get("ns", "f");
+        let all = all_lines(&log);
+        for chunk in [3, 100, 4999, 5000, 5001] {
+            for n in 1..=5 {
+                let want = &all[all.len().saturating_sub(n)..];
+                assert_eq!(log.tail(n, chunk).unwrap(), want, "n={n} chunk={chunk}");
+            }
+        }
+        assert!(log.tail(1, 100).unwrap()[0].ends_with(&long));
+    }
+
+    #[test]
+    fn tail_of_nothing_is_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::new(dir.path().to_path_buf(), 1 << 20).unwrap();
+        let log = store.get("ns", "never-written");
+        assert!(log.tail(10, 16).unwrap().is_empty());
+        store.sink("ns", "f").line("stdout", "one");
+        assert!(store.get("ns", "f").tail(0, 16).unwrap().is_empty());
     }
 
     #[tokio::test]
