@@ -406,7 +406,7 @@ impl Controller {
                 .await?;
             return Ok(Action::Done);
         };
-        let status = FunctionStatus {
+        let mut status = FunctionStatus {
             phase: Phase::Building,
             message: String::new(),
             revision: record.revision,
@@ -415,10 +415,8 @@ impl Controller {
             last_built_at: record.status.last_built_at,
             ..Default::default()
         };
-        match self
-            .build_and_deploy(key, &record, sha, status.clone())
-            .await
-        {
+        // `status` is left as the pass had it (with a fresh build's time).
+        match self.build_and_deploy(key, &record, sha, &mut status).await {
             Err(e) if e.is_permanent() => {
                 let failed = FunctionStatus {
                     phase: Phase::Failed,
@@ -455,7 +453,7 @@ impl Controller {
         key: &Key,
         record: &FunctionRecord,
         sha: String,
-        mut status: FunctionStatus,
+        status: &mut FunctionStatus,
     ) -> Result<Action, ReconcileError> {
         let (ns, name) = (&key.0, &key.1);
         let revision = record.revision;
@@ -523,7 +521,7 @@ impl Controller {
             // log, not to the function's owner, and the build is tried again.
             Err(e @ (BuildError::Sandbox(_) | BuildError::Io { .. } | BuildError::Internal(_))) => {
                 status.message = "the build failed because of a server error and will be retried; the server log has the details".into();
-                set(status).await?;
+                set(status.clone()).await?;
                 return Err(ReconcileError::BuildServer(e));
             }
         };
@@ -604,7 +602,7 @@ impl Controller {
         } else {
             String::new()
         };
-        if !set(status).await? {
+        if !set(status.clone()).await? {
             tracing::debug!(namespace = %ns, function = %name, revision, "a newer revision arrived during the deploy");
             return Ok(Action::RequeueAfter(Duration::ZERO));
         }

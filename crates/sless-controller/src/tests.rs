@@ -749,3 +749,43 @@ async fn an_enqueue_during_a_back_off_runs_at_once() {
     let status = w.store.status();
     assert_eq!((status.phase, status.revision), (Phase::Ready, revision));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_redeploys_ready_functions_and_waits_no_longer_than_its_patience() {
+    let w = World::new();
+    let revision = w.upload(b"v1");
+    // As a previous server left it: ready, but nothing runs in this process.
+    w.store
+        .functions
+        .lock()
+        .expect("lock")
+        .get_mut(&key())
+        .expect("stored")
+        .status = FunctionStatus {
+        phase: Phase::Ready,
+        revision,
+        ..FunctionStatus::default()
+    };
+    assert_eq!(
+        w.ctl
+            .resync_all(Duration::from_secs(60))
+            .await
+            .expect("resync"),
+        1
+    );
+    assert_eq!(w.deploy.revisions(), [revision]);
+    assert_eq!(w.store.status().phase, Phase::Ready);
+
+    // A store that keeps failing does not hold the start-up past its patience.
+    let other = World::new();
+    other.upload(b"v1");
+    other.store.fail_gets.store(u32::MAX, Ordering::SeqCst);
+    let start = Instant::now();
+    other
+        .ctl
+        .resync_all(Duration::from_secs(5))
+        .await
+        .expect("resync");
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+    assert!(other.deploy.revisions().is_empty());
+}
