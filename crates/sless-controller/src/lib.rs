@@ -111,6 +111,29 @@ pub struct Controller {
     failed: Arc<FailedFunctions>,
 }
 
+/// A worker's entry in [`Controller::work`]. Should the worker end without
+/// removing it (a pass panicked, the runtime stopped), the entry goes anyway, so that the next
+/// enqueue starts a new worker instead of waiting on a dead one.
+struct Registered<'a> {
+    work: &'a Mutex<HashMap<Key, Work>>,
+    key: &'a Key,
+    armed: bool,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            if std::thread::panicking() {
+                tracing::error!(namespace = %self.key.0, function = %self.key.1, "a reconcile pass panicked");
+            }
+            let mut work = self.work.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(w) = work.remove(self.key) {
+                w.idle.send_replace(true);
+            }
+        }
+    }
+}
+
 async fn settle_all(pending: Vec<Enqueued>) {
     for enqueued in pending {
         enqueued.settled().await;
@@ -244,6 +267,11 @@ impl Controller {
 
     /// A function's worker: runs passes until one ends with nothing left to do.
     async fn work(self: Arc<Self>, key: Key, wake: Arc<Notify>) {
+        let mut registered = Registered {
+            work: &self.work,
+            key: &key,
+            armed: true,
+        };
         let mut failures = 0u32;
         loop {
             // Enqueues from here on may come after the record this pass reads.
@@ -287,6 +315,7 @@ impl Controller {
                 match action {
                     Action::RequeueAfter(delay) => delay,
                     Action::Done => {
+                        registered.armed = false;
                         if let Some(w) = work.remove(&key) {
                             w.idle.send_replace(true);
                         }

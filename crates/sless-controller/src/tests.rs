@@ -274,6 +274,8 @@ impl BlobStore for FakeBlobs {
 struct FakeBuild {
     calls: AtomicU32,
     failures: Mutex<VecDeque<BuildError>>,
+    /// The next build panics (a bug somewhere below the reconcile).
+    panic_next: std::sync::atomic::AtomicBool,
     /// While held, builds wait; `started` is notified when one begins.
     held: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
     started: tokio::sync::Notify,
@@ -295,6 +297,9 @@ impl Build for FakeBuild {
         let gate = self.held.lock().expect("lock").clone();
         if let Some(gate) = gate {
             let _go = gate.acquire().await.expect("the gate stays open");
+        }
+        if self.panic_next.swap(false, Ordering::SeqCst) {
+            panic!("a bug in the builder");
         }
         if let Some(e) = self.failures.lock().expect("lock").pop_front() {
             return Err(e);
@@ -788,4 +793,19 @@ async fn a_restart_redeploys_ready_functions_and_waits_no_longer_than_its_patien
         .expect("resync");
     assert_eq!(start.elapsed(), Duration::from_secs(5));
     assert!(other.deploy.revisions().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pass_that_panics_does_not_stall_the_function() {
+    let w = World::new();
+    let revision = w.upload(b"v1");
+    w.build.panic_next.store(true, Ordering::SeqCst);
+    w.reconcile().await;
+    assert_eq!(w.store.status().phase, Phase::Building);
+    assert!(w.ctl.work.lock().expect("lock").is_empty());
+
+    w.reconcile().await;
+    let status = w.store.status();
+    assert_eq!((status.phase, status.revision), (Phase::Ready, revision));
+    assert_eq!(w.deploy.revisions(), [revision]);
 }
