@@ -5,28 +5,43 @@
 //! reads the function's latest record, builds its code if needed (the builder is
 //! content-addressed, so unchanged code is not rebuilt), hands the result to the
 //! executor and writes the status back. Running it twice changes nothing.
-//! Reconciles of one function are serialised; of different functions they run
-//! in parallel (builds are bounded by the builder).
+//! Reconciles of one function are serialised (one worker per function, and
+//! enqueues while it runs coalesce); of different functions they run in
+//! parallel (builds are bounded by the builder). A pass ends with an
+//! [`Action`]; a failed one is retried with back-off when the trouble is the
+//! server's, or reported once as `Failed` when the function's own code or spec
+//! is at fault ([`error_policy`]). The builder and the executor are reached
+//! through the [`Build`] and [`Deploy`] seams, so all of this is unit-tested
+//! with fakes.
 //!
 //! [`gc`] collects the code, builds and dependencies nothing uses any more, and
 //! answers how much storage a namespace's code takes.
 
 pub mod gc;
 pub mod jobs;
+mod policy;
+mod seams;
+#[cfg(test)]
+mod tests;
 pub mod triggers;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use chrono::Utc;
 use sless_blob::BlobError;
 use sless_blob::BlobStore;
-use sless_build::{BuildError, BuildRequest, Builder};
+use sless_build::{BuildError, BuildRequest};
 use sless_core::{FunctionStatus, Phase, Runtime};
-use sless_executor::{Deployment, Executor};
+use sless_executor::{DeployError, Deployment};
 use sless_gateway::{FailedFunctions, Failure};
 use sless_logs::LogStore;
 use sless_store::{FunctionRecord, Store, StoreError};
+use tokio::sync::{Notify, watch};
+
+pub use policy::{Action, RECONCILE_BACKOFF, ReconcileError, error_policy};
+pub use seams::{Build, Deploy};
 
 type Key = (String, String);
 
@@ -45,17 +60,42 @@ struct Served {
     previous: Option<BuildRef>,
 }
 
+/// A function's reconcile worker, while it has one (see [`Controller::enqueue`]).
+struct Work {
+    /// Enqueued again since the running pass started: run one more pass.
+    again: bool,
+    /// Wakes the worker out of a back-off wait when the function is enqueued.
+    wake: Arc<Notify>,
+    /// Set to `true` when the worker ends with nothing left to do.
+    idle: watch::Sender<bool>,
+}
+
+/// A request to reconcile a function; [`Enqueued::settled`] waits for it.
+pub struct Enqueued(watch::Receiver<bool>);
+
+impl Enqueued {
+    /// Waits until the function's worker has nothing left to do: its last pass
+    /// ended with [`Action::Done`] (success or a permanent failure) and nothing
+    /// was enqueued meanwhile. A function whose reconcile keeps meeting
+    /// transient trouble does not settle.
+    pub async fn settled(mut self) {
+        // An error means the worker is gone, which happens only once it is idle.
+        let _ = self.0.wait_for(|idle| *idle).await;
+    }
+}
+
 /// What reconciling needs.
 pub struct Controller {
     store: Arc<dyn Store>,
     blobs: Arc<dyn BlobStore>,
-    builder: Arc<Builder>,
-    executor: Arc<Executor>,
+    builder: Arc<dyn Build>,
+    executor: Arc<dyn Deploy>,
     logs: Arc<LogStore>,
     /// Base of every function URL, e.g. `http://127.0.0.1:8080`.
     public_url: String,
-    /// One lock per function so its reconciles never overlap.
-    locks: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
+    /// The worker of each function being reconciled; at most one per function,
+    /// so its passes never overlap.
+    work: Mutex<HashMap<Key, Work>>,
     /// The revision each function's executor pool runs, as deployed by us.
     deployed: Mutex<HashMap<Key, u64>>,
     /// The builds each function's pool runs and ran (see [`Served`]).
@@ -71,29 +111,43 @@ pub struct Controller {
     failed: Arc<FailedFunctions>,
 }
 
-/// Errors that stop a reconcile before it can record a status.
-async fn join_all_handles(handles: Vec<tokio::task::JoinHandle<()>>) {
-    for handle in handles {
-        let _ = handle.await;
+/// A worker's entry in [`Controller::work`]. Should the worker end without
+/// removing it (a pass panicked, the runtime stopped), the entry goes anyway, so that the next
+/// enqueue starts a new worker instead of waiting on a dead one.
+struct Registered<'a> {
+    work: &'a Mutex<HashMap<Key, Work>>,
+    key: &'a Key,
+    armed: bool,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            if std::thread::panicking() {
+                tracing::error!(namespace = %self.key.0, function = %self.key.1, "a reconcile pass panicked");
+            }
+            let mut work = self.work.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(w) = work.remove(self.key) {
+                w.idle.send_replace(true);
+            }
+        }
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    /// The store failed; the reconcile is retried later.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The function's archive is missing from the code store.
-    #[error("code archive {0} is missing: {1}")]
-    Blob(String, String),
+async fn settle_all(pending: Vec<Enqueued>) {
+    for enqueued in pending {
+        enqueued.settled().await;
+    }
 }
 
 impl Controller {
+    /// The server passes its `Arc<Builder>` and `Arc<Executor>` as `builder`
+    /// and `executor`; tests pass fakes.
     pub fn new(
         store: Arc<dyn Store>,
         blobs: Arc<dyn BlobStore>,
-        builder: Arc<Builder>,
-        executor: Arc<Executor>,
+        builder: Arc<dyn Build>,
+        executor: Arc<dyn Deploy>,
         logs: Arc<LogStore>,
         public_url: String,
     ) -> Arc<Self> {
@@ -104,7 +158,7 @@ impl Controller {
             executor,
             logs,
             public_url: public_url.trim_end_matches('/').to_string(),
-            locks: Mutex::new(HashMap::new()),
+            work: Mutex::new(HashMap::new()),
             deployed: Mutex::new(HashMap::new()),
             served: Mutex::new(HashMap::new()),
             released: Mutex::new(Vec::new()),
@@ -181,40 +235,112 @@ impl Controller {
         format!("{}/fn/{namespace}/{name}", self.public_url)
     }
 
-    /// Reconciles a function in the background.
-    pub fn enqueue(self: &Arc<Self>, namespace: &str, name: &str) -> tokio::task::JoinHandle<()> {
-        let this = self.clone();
+    /// Asks for a function to be reconciled and returns at once. Each function
+    /// has at most one worker, so its passes never overlap: an enqueue while a
+    /// pass runs, or while the worker waits out a back-off, makes it run one
+    /// more pass as soon as the current one ends. Any number of enqueues thus
+    /// coalesce into passes that each read the latest record. The worker ends
+    /// when a pass ends with [`Action::Done`] and nothing was enqueued meanwhile;
+    /// a failed pass is followed as [`error_policy`] says.
+    pub fn enqueue(self: &Arc<Self>, namespace: &str, name: &str) -> Enqueued {
         let key = (namespace.to_string(), name.to_string());
-        tokio::spawn(async move {
-            let mut delay = std::time::Duration::from_millis(500);
-            loop {
-                match this.reconcile(&key).await {
-                    Ok(()) => break,
-                    Err(e) => {
-                        // Store trouble is transient by nature here; try again with back-off.
-                        tracing::warn!(namespace = %key.0, function = %key.1, error = %e, "reconcile failed; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(std::time::Duration::from_secs(30));
+        let mut work = self.work.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(running) = work.get_mut(&key) {
+            running.again = true;
+            running.wake.notify_waiters();
+            return Enqueued(running.idle.subscribe());
+        }
+        let (idle, settled) = watch::channel(false);
+        let wake = Arc::new(Notify::new());
+        work.insert(
+            key.clone(),
+            Work {
+                again: false,
+                wake: wake.clone(),
+                idle,
+            },
+        );
+        drop(work);
+        tokio::spawn(self.clone().work(key, wake));
+        Enqueued(settled)
+    }
+
+    /// A function's worker: runs passes until one ends with nothing left to do.
+    async fn work(self: Arc<Self>, key: Key, wake: Arc<Notify>) {
+        let mut registered = Registered {
+            work: &self.work,
+            key: &key,
+            armed: true,
+        };
+        let mut failures = 0u32;
+        loop {
+            // Enqueues from here on may come after the record this pass reads.
+            if let Some(w) = self
+                .work
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(&key)
+            {
+                w.again = false;
+            }
+            let action = match self.reconcile(&key).await {
+                Ok(action) => {
+                    failures = 0;
+                    action
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    let action = error_policy(&e, failures);
+                    match action {
+                        Action::Done => {
+                            failures = 0;
+                            tracing::warn!(namespace = %key.0, function = %key.1, error = %e, "reconcile failed; not retried until the function changes");
+                        }
+                        Action::RequeueAfter(delay) => {
+                            tracing::warn!(namespace = %key.0, function = %key.1, error = %e, retry = failures, delay_ms = delay.as_millis() as u64, "reconcile failed; retrying");
+                        }
+                    }
+                    action
+                }
+            };
+            // Listening before looking at `again`, so no enqueue goes unseen.
+            let notified = wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let delay = {
+                let mut work = self.work.lock().unwrap_or_else(|e| e.into_inner());
+                if work.get(&key).is_some_and(|w| w.again) {
+                    continue;
+                }
+                match action {
+                    Action::RequeueAfter(delay) => delay,
+                    Action::Done => {
+                        registered.armed = false;
+                        if let Some(w) = work.remove(&key) {
+                            w.idle.send_replace(true);
+                        }
+                        return;
                     }
                 }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = &mut notified => {}
             }
-        })
+        }
     }
 
     /// Reconciles every stored function (at start-up) and waits up to `patience`
     /// for them, so that a restarted server serves its functions from its first
     /// request instead of answering 404 until they are redeployed. Reconciles
-    /// still running then (real builds) go on in the background.
-    pub async fn resync_all(
-        self: &Arc<Self>,
-        patience: std::time::Duration,
-    ) -> Result<usize, StoreError> {
+    /// still running then (real builds, retries) go on in the background.
+    pub async fn resync_all(self: &Arc<Self>, patience: Duration) -> Result<usize, StoreError> {
         let all = self.store.list_functions(None).await?;
         let pending: Vec<_> = all
             .iter()
             .map(|f| self.enqueue(&f.namespace, &f.name))
             .collect();
-        if tokio::time::timeout(patience, join_all_handles(pending))
+        if tokio::time::timeout(patience, settle_all(pending))
             .await
             .is_err()
         {
@@ -223,24 +349,30 @@ impl Controller {
         Ok(all.len())
     }
 
-    /// Stops serving a deleted function and forgets it.
-    pub fn forget(&self, namespace: &str, name: &str) {
+    /// Stops serving a deleted function and forgets it. A pass still running
+    /// for it (a build) is followed by one that finds it gone and undoes
+    /// whatever that pass deployed.
+    pub fn forget(self: &Arc<Self>, namespace: &str, name: &str) {
         let key = (namespace.to_string(), name.to_string());
+        self.release(&key);
+        self.enqueue(namespace, name);
+    }
+
+    /// Stops serving a function that no longer exists, lets go of its builds
+    /// (after the grace period) and deletes its log.
+    fn release(&self, key: &Key) {
+        let (namespace, name) = (&key.0, &key.1);
         self.executor.remove(namespace, name);
         self.deployed
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&key);
-        self.locks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&key);
+            .remove(key);
         self.failed.clear(namespace, name);
         if let Some(served) = self
             .served
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&key)
+            .remove(key)
         {
             let now = std::time::Instant::now();
             self.released
@@ -257,21 +389,16 @@ impl Controller {
         self.logs.remove(namespace, name);
     }
 
-    /// Makes one function's running state match its record.
-    pub async fn reconcile(&self, key: &Key) -> Result<(), ReconcileError> {
-        let lock = self
-            .locks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(key.clone())
-            .or_default()
-            .clone();
-        let _serial = lock.lock().await;
+    /// One pass making a function's running state match its record. Only the
+    /// function's worker runs it (see [`Controller::enqueue`]). A permanent
+    /// failure is written as the `Failed` status of the revision before it is
+    /// returned; a transient one leaves the status as it was (`Building`).
+    async fn reconcile(&self, key: &Key) -> Result<Action, ReconcileError> {
         let record = match self.store.get_function(&key.0, &key.1).await {
             Ok(r) => r,
             Err(StoreError::NotFound { .. }) => {
-                self.executor.remove(&key.0, &key.1);
-                return Ok(());
+                self.release(key);
+                return Ok(Action::Done);
             }
             Err(e) => return Err(e.into()),
         };
@@ -289,11 +416,11 @@ impl Controller {
             .unwrap_or_else(|e| e.into_inner())
             .remove(key);
         if settled && deployed == Some(record.revision) {
-            return Ok(());
+            return Ok(Action::Done);
         }
         if settled && record.status.phase == Phase::Failed && !retry {
             self.note_failure(&key.0, &key.1, record.spec.private, &record.status.message);
-            return Ok(());
+            return Ok(Action::Done);
         }
         let Some(sha) = record.code_sha256.clone() else {
             let status = FunctionStatus {
@@ -306,66 +433,94 @@ impl Controller {
             self.store
                 .set_status(&key.0, &key.1, record.revision, &status)
                 .await?;
-            return Ok(());
+            return Ok(Action::Done);
         };
-        self.build_and_deploy(key, record, sha).await
+        let mut status = FunctionStatus {
+            phase: Phase::Building,
+            message: String::new(),
+            revision: record.revision,
+            code_sha256: Some(sha.clone()),
+            url: self.url(&key.0, &key.1),
+            last_built_at: record.status.last_built_at,
+            ..Default::default()
+        };
+        // `status` is left as the pass had it (with a fresh build's time).
+        match self.build_and_deploy(key, &record, sha, &mut status).await {
+            Err(e) if e.is_permanent() => {
+                let failed = FunctionStatus {
+                    phase: Phase::Failed,
+                    message: e.to_string(),
+                    ..status
+                };
+                self.note_failure(&key.0, &key.1, record.spec.private, &failed.message);
+                if !self
+                    .store
+                    .set_status(&key.0, &key.1, record.revision, &failed)
+                    .await?
+                {
+                    // The failure is of a revision that is no longer the latest.
+                    return Ok(Action::RequeueAfter(Duration::ZERO));
+                }
+                Err(e)
+            }
+            Err(e) => {
+                if retry {
+                    // The retry asked for has not happened yet.
+                    self.retry
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(key.clone());
+                }
+                Err(e)
+            }
+            Ok(action) => Ok(action),
+        }
     }
 
     async fn build_and_deploy(
         &self,
         key: &Key,
-        record: FunctionRecord,
+        record: &FunctionRecord,
         sha: String,
-    ) -> Result<(), ReconcileError> {
+        status: &mut FunctionStatus,
+    ) -> Result<Action, ReconcileError> {
         let (ns, name) = (&key.0, &key.1);
         let revision = record.revision;
-        let mut status = FunctionStatus {
-            phase: Phase::Building,
-            message: String::new(),
-            revision,
-            code_sha256: Some(sha.clone()),
-            url: self.url(ns, name),
-            last_built_at: record.status.last_built_at,
-            ..Default::default()
-        };
         let set = |status: FunctionStatus| async move {
             self.store.set_status(ns, name, revision, &status).await
         };
-        set(status.clone()).await?;
+        if !set(status.clone()).await? {
+            // A newer revision, or a delete, came after the record was read.
+            return Ok(Action::RequeueAfter(Duration::ZERO));
+        }
 
-        let private = record.spec.private;
         let runtime = match Runtime::parse(&record.spec.runtime) {
             Ok(r) => r,
-            Err(e) => {
-                status.phase = Phase::Failed;
-                status.message = e.to_string();
-                self.note_failure(ns, name, private, &status.message);
-                set(status).await?;
-                return Ok(());
-            }
+            Err(e) => return Err(ReconcileError::InvalidSpec(e.to_string())),
         };
         let archive = match self.blobs.get(&sha).await {
             Ok(archive) => archive,
             // Nothing a retry can fix: the owner must upload the code again.
-            Err(e @ (BlobError::Corrupt { .. } | BlobError::NotFound(_))) => {
+            Err(
+                e @ (BlobError::Corrupt { .. } | BlobError::NotFound(_) | BlobError::InvalidKey(_)),
+            ) => {
                 tracing::error!(namespace = %ns, function = %name, revision, error = %e, "cannot build: code archive unusable");
-                let what = if matches!(e, BlobError::Corrupt { .. }) {
-                    "is corrupt (its bytes no longer match its sha256)"
+                let e = if matches!(e, BlobError::Corrupt { .. }) {
+                    ReconcileError::CodeCorrupt(sha)
                 } else {
-                    "is missing"
+                    ReconcileError::CodeMissing(sha)
                 };
-                status.phase = Phase::Failed;
-                status.message = format!(
-                    "the stored code archive {sha} {what}; upload the code again to repair it"
-                );
                 self.logs
                     .sink(ns, name)
-                    .line("sless", &format!("revision {revision}: {}", status.message));
-                self.note_failure(ns, name, private, &status.message);
-                set(status).await?;
-                return Ok(());
+                    .line("sless", &format!("revision {revision}: {e}"));
+                return Err(e);
             }
-            Err(e) => return Err(ReconcileError::Blob(sha.clone(), e.to_string())),
+            Err(source @ BlobError::Io { .. }) => {
+                return Err(ReconcileError::Blob {
+                    sha256: sha,
+                    source,
+                });
+            }
         };
         let sink = self.logs.sink(ns, name);
         let log_sink = sink.clone();
@@ -379,28 +534,35 @@ impl Controller {
         };
         let output = match self.builder.build(request).await {
             Ok(output) => output,
-            Err(e) => {
-                let message = match e {
-                    BuildError::Failed { message } => message,
-                    e @ (BuildError::TimedOut(_)
-                    | BuildError::Unsupported(_)
-                    | BuildError::Archive(_)) => e.to_string(),
-                    // Server-side trouble: the details (paths, errno) go to the
-                    // server log, not to the function's owner.
-                    other => {
-                        tracing::error!(namespace = %ns, function = %name, revision, error = %other, "build failed");
-                        "the build failed because of a server error; the server log has the details"
-                            .to_string()
-                    }
-                };
+            Err(
+                e @ (BuildError::Failed { .. }
+                | BuildError::TimedOut(_)
+                | BuildError::Unsupported(_)
+                | BuildError::Archive(_)),
+            ) => {
                 sink.line("sless", &format!("revision {revision} failed to build"));
-                status.phase = Phase::Failed;
-                status.message = message;
-                self.note_failure(ns, name, private, &status.message);
-                set(status).await?;
-                return Ok(());
+                return Err(ReconcileError::BuildFailed(match e {
+                    BuildError::Failed { message } => message,
+                    e => e.to_string(),
+                }));
+            }
+            // Server-side trouble: the details (paths, errno) go to the server
+            // log, not to the function's owner, and the build is tried again.
+            Err(e @ (BuildError::Sandbox(_) | BuildError::Io { .. } | BuildError::Internal(_))) => {
+                status.message = "the build failed because of a server error and will be retried; the server log has the details".into();
+                set(status.clone()).await?;
+                return Err(ReconcileError::BuildServer(e));
             }
         };
+        // The build may have taken long: after a newer revision or a delete this
+        // result is stale, and the next pass acts on what is stored now.
+        match self.store.get_function(ns, name).await {
+            Ok(now) if now.revision == revision => {}
+            Ok(_) | Err(StoreError::NotFound { .. }) => {
+                return Ok(Action::RequeueAfter(Duration::ZERO));
+            }
+            Err(e) => return Err(e.into()),
+        }
         if !output.reused {
             status.last_built_at = Some(Utc::now());
         }
@@ -429,38 +591,50 @@ impl Controller {
             code_dir: output.code_dir,
             deps_dir: output.deps_dir,
         };
-        match self.executor.deploy(deployment).await {
-            Ok(()) => {
-                self.deployed
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(key.clone(), revision);
-                {
-                    let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
-                    let entry = served.entry(key.clone()).or_default();
-                    if entry.current.as_ref() != Some(&built) {
-                        entry.previous = entry.current.replace(built);
-                    }
+        // A pass that deployed but could not write the status is followed by
+        // one that only writes it: deploying the same revision again would
+        // start and drain instances for nothing.
+        let serving = self
+            .deployed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            == Some(&revision)
+            && self.executor.is_deployed(ns, name);
+        if !serving {
+            match self.executor.deploy(deployment).await {
+                Ok(()) => {}
+                Err(DeployError::InstanceFailed(message)) => {
+                    return Err(ReconcileError::StartFailed { revision, message });
                 }
-                self.failed.clear(ns, name);
-                status.phase = Phase::Ready;
-                status.message = if spec.paused {
-                    "paused".into()
-                } else {
-                    String::new()
-                };
-                sink.line("sless", &format!("revision {revision} is ready"));
+                Err(DeployError::Cancelled) => {
+                    return Err(ReconcileError::DeployCancelled(revision));
+                }
             }
-            Err(e) => {
-                status.phase = Phase::Failed;
-                status.message = format!("revision {revision} could not start: {e}");
-                self.note_failure(ns, name, private, &status.message);
+            self.deployed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key.clone(), revision);
+            {
+                let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+                let entry = served.entry(key.clone()).or_default();
+                if entry.current.as_ref() != Some(&built) {
+                    entry.previous = entry.current.replace(built);
+                }
             }
+            sink.line("sless", &format!("revision {revision} is ready"));
         }
-        let still_current = set(status).await?;
-        if !still_current {
-            tracing::debug!(namespace = %ns, function = %name, revision, "a newer revision arrived during the build");
+        self.failed.clear(ns, name);
+        status.phase = Phase::Ready;
+        status.message = if spec.paused {
+            "paused".into()
+        } else {
+            String::new()
+        };
+        if !set(status.clone()).await? {
+            tracing::debug!(namespace = %ns, function = %name, revision, "a newer revision arrived during the deploy");
+            return Ok(Action::RequeueAfter(Duration::ZERO));
         }
-        Ok(())
+        Ok(Action::Done)
     }
 }
