@@ -6,7 +6,8 @@
 //!
 //! Every comparison in the bench (gateway vs direct, gateway vs plain Node, shim vs
 //! `ThreadingHTTPServer`) uses this one generator with the same settings, so the generator's
-//! own cost is the same on both sides of each ratio.
+//! own cost is the same on both sides of each ratio. A run can also read CPU counters of the
+//! processes under load at the start and end of its measured window (see [`crate::cpu`]).
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -18,6 +19,7 @@ use http::{HeaderName, HeaderValue, Method, header};
 use sless_wire::{Conn, RequestHead};
 use tokio::net::{TcpStream, UnixStream};
 
+use crate::cpu::Meter;
 use crate::error::{BenchError, Result};
 use crate::stats;
 
@@ -121,8 +123,17 @@ pub struct LoadSpec {
     pub connections: usize,
     /// Time before measuring starts (connections are set up, pools and JITs warm).
     pub warmup: Duration,
-    /// The measured window.
+    /// The measured window (of each round, in [`compare`]).
     pub duration: Duration,
+}
+
+/// CPU time one counter advanced by while a run measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuUse {
+    /// CPU time used, in nanoseconds.
+    pub used_ns: u64,
+    /// The time between the two readings.
+    pub over: Duration,
 }
 
 /// What one load run observed within its measured window.
@@ -140,6 +151,8 @@ pub struct LoadReport {
     pub window: Duration,
     /// Latencies of the successful requests in the window, in microseconds, sorted.
     pub latencies_us: Vec<u32>,
+    /// What each of the target's CPU counters advanced by in the window, in its order.
+    pub cpu: Vec<CpuUse>,
 }
 
 impl LoadReport {
@@ -151,6 +164,24 @@ impl LoadReport {
         } else {
             self.ok as f64 / secs
         }
+    }
+
+    /// CPU microseconds per successful request of the target's `counter`th CPU counter,
+    /// `None` when it has no such counter or nothing succeeded.
+    ///
+    /// The counters are read when the window opens and closes, as near to it as the
+    /// scheduler allows; dividing CPU time by the time between the readings and by the
+    /// request rate of the window keeps a late reading from counting CPU of requests the
+    /// window does not count. The requests in flight at either edge are not counted though
+    /// their CPU partly is: with 8 connections and thousands of requests a round, that is
+    /// well under one percent.
+    pub fn cpu_us_per_req(&self, counter: usize) -> Option<f64> {
+        let cpu = self.cpu.get(counter)?;
+        let (over, rps) = (cpu.over.as_secs_f64(), self.rps());
+        if over <= 0.0 || rps <= 0.0 {
+            return None;
+        }
+        Some(cpu.used_ns as f64 / 1000.0 / over / rps)
     }
 
     /// The `p`th percentile latency in milliseconds (nearest rank).
@@ -224,11 +255,13 @@ pub async fn request_once(endpoint: &Endpoint, template: &RequestTemplate) -> Re
 /// Runs `spec.connections` closed loops against `endpoint` for `warmup + duration`.
 ///
 /// Only requests that both start after the warm-up and finish before the end are counted,
-/// so the figure is the steady state, not the ramp-up or the tail.
+/// so the figure is the steady state, not the ramp-up or the tail. The `cpu` counters are
+/// read at the start and the end of that window.
 pub async fn run(
     endpoint: &Endpoint,
     template: &RequestTemplate,
     spec: LoadSpec,
+    cpu: &[Meter],
 ) -> Result<LoadReport> {
     // Prepared once up front, so a malformed template fails before any load.
     let head = template.head()?;
@@ -244,6 +277,14 @@ pub async fn run(
             connection_loop(&endpoint, &head, &body, measure_from, until).await
         }));
     }
+    // The connections run on their own tasks; this one only reads the counters. A failed
+    // reading ends the run after the connections finish, so none is left running.
+    tokio::time::sleep_until(measure_from.into()).await;
+    let before = read_all(cpu);
+    let before_at = Instant::now();
+    tokio::time::sleep_until(until.into()).await;
+    let after = read_all(cpu);
+    let over = before_at.elapsed();
     let mut report = LoadReport {
         window: spec.duration,
         ..LoadReport::default()
@@ -261,28 +302,65 @@ pub async fn run(
         report.latencies_us.extend(tally.latencies_us);
     }
     report.latencies_us.sort_unstable();
+    report.cpu = before?
+        .into_iter()
+        .zip(after?)
+        .map(|(b, a)| CpuUse {
+            used_ns: a.saturating_sub(b),
+            over,
+        })
+        .collect();
     Ok(report)
 }
 
-/// One target of [`compare`]: a name for messages, where, and what to send.
+/// Every counter's current value, in nanoseconds.
+fn read_all(cpu: &[Meter]) -> Result<Vec<u64>> {
+    cpu.iter().map(|meter| meter.source.read_ns()).collect()
+}
+
+/// One target of [`compare`]: a name for messages, where, what to send, and which CPU
+/// counters to read around each of its rounds.
 #[derive(Debug, Clone)]
 pub struct Target {
     pub name: String,
     pub endpoint: Endpoint,
     pub request: RequestTemplate,
+    pub cpu: Vec<Meter>,
 }
 
-/// Runs the targets in alternating rounds (A, B, A, B, ...) and sums each target's rounds.
+/// What [`compare`] measured: each round's report per target, and each target's rounds summed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Comparison {
+    /// `rounds[round][target]`.
+    pub rounds: Vec<Vec<LoadReport>>,
+    /// `totals[target]`: all rounds of the target merged.
+    pub totals: Vec<LoadReport>,
+}
+
+impl Comparison {
+    /// `f` of every round, e.g. the ratio of two targets' throughput in each round.
+    pub fn per_round(&self, f: impl Fn(&[LoadReport]) -> f64) -> Vec<f64> {
+        self.rounds.iter().map(|round| f(round)).collect()
+    }
+}
+
+/// Runs the targets in alternating rounds (A, B, A, B, ...), each measuring `spec.duration`,
+/// and keeps each round's reports as well as their sums.
 ///
 /// On a small machine shared with other work, throughput drifts over seconds; alternating
 /// short rounds exposes every target to the same drift, so their ratio is fairer than that of
-/// two long back-to-back runs. The first round of each target warms up for `spec.warmup`,
-/// later ones only long enough to reconnect; each round measures `spec.duration / rounds`.
-pub async fn compare(targets: &[Target], spec: LoadSpec, rounds: u32) -> Result<Vec<LoadReport>> {
+/// two long back-to-back runs, and the ratio of each round shows how much the drift moved it.
+/// The first round of each target warms up for `spec.warmup`, later ones only long enough to
+/// reconnect.
+pub async fn compare(targets: &[Target], spec: LoadSpec, rounds: u32) -> Result<Comparison> {
     let rounds = rounds.max(1);
-    let mut reports = vec![LoadReport::default(); targets.len()];
+    let mut comparison = Comparison {
+        rounds: Vec::with_capacity(rounds as usize),
+        totals: vec![LoadReport::default(); targets.len()],
+    };
     for round in 0..rounds {
-        for (target, total) in targets.iter().zip(reports.iter_mut()) {
+        let mut this_round = Vec::with_capacity(targets.len());
+        for (target, total) in targets.iter().zip(comparison.totals.iter_mut()) {
             let round_spec = LoadSpec {
                 connections: spec.connections,
                 warmup: if round == 0 {
@@ -290,16 +368,18 @@ pub async fn compare(targets: &[Target], spec: LoadSpec, rounds: u32) -> Result<
                 } else {
                     spec.warmup.min(REWARM)
                 },
-                duration: spec.duration / rounds,
+                duration: spec.duration,
             };
-            let report = run(&target.endpoint, &target.request, round_spec).await?;
-            total.merge(report);
+            let report = run(&target.endpoint, &target.request, round_spec, &target.cpu).await?;
+            total.merge(report.clone());
+            this_round.push(report);
         }
+        comparison.rounds.push(this_round);
     }
-    for report in &mut reports {
+    for report in &mut comparison.totals {
         report.latencies_us.sort_unstable();
     }
-    Ok(reports)
+    Ok(comparison)
 }
 
 /// The warm-up of every round of [`compare`] after the first: connections are new, the
@@ -307,8 +387,9 @@ pub async fn compare(targets: &[Target], spec: LoadSpec, rounds: u32) -> Result<
 const REWARM: Duration = Duration::from_millis(100);
 
 impl LoadReport {
-    /// Adds another run's counts, window and latencies (left unsorted; sort after merging).
-    fn merge(&mut self, other: LoadReport) {
+    /// Adds another run's counts, window, latencies (left unsorted; sort after merging) and
+    /// CPU use.
+    pub fn merge(&mut self, other: LoadReport) {
         self.ok += other.ok;
         self.errors += other.errors;
         self.attempts += other.attempts;
@@ -317,6 +398,13 @@ impl LoadReport {
         }
         self.window += other.window;
         self.latencies_us.extend(other.latencies_us);
+        if self.cpu.is_empty() {
+            self.cpu = vec![CpuUse::default(); other.cpu.len()];
+        }
+        for (mine, theirs) in self.cpu.iter_mut().zip(other.cpu) {
+            mine.used_ns += theirs.used_ns;
+            mine.over += theirs.over;
+        }
     }
 }
 
@@ -511,7 +599,7 @@ mod tests {
     #[tokio::test]
     async fn counts_successes_in_the_window_only() {
         let (endpoint, seen) = tcp_server(StatusCode::OK).await;
-        let report = run(&endpoint, &RequestTemplate::get("/x"), SHORT)
+        let report = run(&endpoint, &RequestTemplate::get("/x"), SHORT, &[])
             .await
             .expect("run");
         assert!(report.ok > 0, "{report:?}");
@@ -528,7 +616,7 @@ mod tests {
     #[tokio::test]
     async fn non_success_statuses_are_errors() {
         let (endpoint, _) = tcp_server(StatusCode::SERVICE_UNAVAILABLE).await;
-        let report = run(&endpoint, &RequestTemplate::get("/"), SHORT)
+        let report = run(&endpoint, &RequestTemplate::get("/"), SHORT, &[])
             .await
             .expect("run");
         assert_eq!(report.ok, 0);
@@ -561,7 +649,7 @@ mod tests {
         let (status, body) = request_once(&endpoint, &template).await.expect("probe");
         assert_eq!(status, 200);
         assert_eq!(&body[..], br#"POST {"a":1}"#);
-        let report = run(&endpoint, &template, SHORT).await.expect("run");
+        let report = run(&endpoint, &template, SHORT, &[]).await.expect("run");
         assert!(report.ok > 0 && report.errors == 0, "{report:?}");
     }
 
@@ -569,7 +657,7 @@ mod tests {
     async fn an_unreachable_endpoint_fails_without_hanging() {
         let dir = tempfile::tempdir().expect("tempdir");
         let endpoint = Endpoint::Unix(dir.path().join("nobody.sock"));
-        let report = run(&endpoint, &RequestTemplate::get("/"), SHORT)
+        let report = run(&endpoint, &RequestTemplate::get("/"), SHORT, &[])
             .await
             .expect("run");
         assert_eq!(report.ok, 0);
@@ -586,27 +674,83 @@ mod tests {
     async fn compare_alternates_and_sums_rounds() {
         let (fast, fast_seen) = tcp_server(StatusCode::OK).await;
         let (busy, _) = tcp_server(StatusCode::SERVICE_UNAVAILABLE).await;
+        let me = Meter {
+            name: "bench",
+            source: crate::cpu::CpuSource::process(std::process::id()).expect("clock tick"),
+        };
         let targets = [
             Target {
                 name: "fast".into(),
                 endpoint: fast,
                 request: RequestTemplate::get("/"),
+                cpu: vec![me],
             },
             Target {
                 name: "busy".into(),
                 endpoint: busy,
                 request: RequestTemplate::get("/"),
+                cpu: Vec::new(),
             },
         ];
-        let reports = compare(&targets, SHORT, 2).await.expect("compare");
+        let comparison = compare(&targets, SHORT, 2).await.expect("compare");
+        assert_eq!(comparison.rounds.len(), 2);
+        assert!(comparison.rounds.iter().all(|r| r.len() == 2));
+        let reports = &comparison.totals;
         assert_eq!(reports.len(), 2);
-        // Two rounds of half the duration each add up to the whole window.
-        assert_eq!(reports[0].window, SHORT.duration);
+        // Two rounds of the duration each add up to twice the window, and the rounds add up
+        // to the totals.
+        assert_eq!(reports[0].window, SHORT.duration * 2);
+        assert_eq!(
+            comparison.per_round(|r| r[0].ok as f64).iter().sum::<f64>(),
+            reports[0].ok as f64
+        );
+        // Each round read the fast target's counter once per window; the busy one has none.
+        assert_eq!(reports[0].cpu.len(), 1);
+        // The readings are as near the window's edges as the scheduler allows.
+        let over = reports[0].cpu[0].over;
+        assert!(
+            over > SHORT.duration && over < SHORT.duration * 4,
+            "{:?}",
+            reports[0].cpu
+        );
+        assert!(reports[1].cpu.is_empty());
         assert!(reports[0].ok > 0 && reports[0].errors == 0);
         assert!(reports[0].latencies_us.windows(2).all(|w| w[0] <= w[1]));
         assert!(fast_seen.load(Ordering::SeqCst) >= reports[0].ok);
         assert_eq!(reports[1].ok, 0);
         assert!(reports[1].errors > 0);
+    }
+
+    #[test]
+    fn cpu_per_request_divides_the_cpu_rate_by_the_request_rate() {
+        let report = LoadReport {
+            ok: 2000,
+            window: Duration::from_secs(2),
+            // 50 ms of CPU over 1.0 s of readings at 1000 req/s: 50 µs per request, even
+            // though the readings were 1.0 s apart, not the window's 2 s.
+            cpu: vec![
+                CpuUse {
+                    used_ns: 50_000_000,
+                    over: Duration::from_secs(1),
+                },
+                CpuUse::default(),
+            ],
+            ..LoadReport::default()
+        };
+        assert_eq!(report.cpu_us_per_req(0), Some(50.0));
+        assert_eq!(report.cpu_us_per_req(1), None);
+        assert_eq!(report.cpu_us_per_req(2), None);
+        let idle = LoadReport {
+            cpu: vec![CpuUse::default()],
+            ..LoadReport::default()
+        };
+        assert_eq!(idle.cpu_us_per_req(0), None);
+        let mut total = LoadReport::default();
+        total.merge(report.clone());
+        total.merge(report);
+        assert_eq!(total.cpu[0].used_ns, 100_000_000);
+        assert_eq!(total.cpu[0].over, Duration::from_secs(2));
+        assert_eq!(total.cpu_us_per_req(0), Some(50.0));
     }
 
     #[test]

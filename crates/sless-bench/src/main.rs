@@ -2,6 +2,7 @@
 //! scaling against baselines taken in the same run, and prints a table and `key=value` lines.
 
 mod code;
+mod cpu;
 mod error;
 mod load;
 mod measure;
@@ -32,7 +33,12 @@ struct Options {
     /// Figures measured together (and those a target refers to) come along.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    /// The `sless` binary to start; default: `sless` next to this program.
+    /// Alternating rounds of every load comparison; each ratio and CPU figure is printed with
+    /// its min / median / max over them. Default: 5, or 3 with --quick.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+    rounds: Option<u32>,
+    /// The `sless` binary to start; default: `sless` next to this program. Any build of
+    /// sless will do, e.g. an older one kept to compare against (see scripts/bench).
     #[arg(long, env = "SLESS_BENCH_SLESS")]
     sless: Option<PathBuf>,
     /// The Python interpreter functions run with (and the baselines).
@@ -95,6 +101,10 @@ impl Group {
             | "gateway_ratio"
             | "warm_p50_ms_gateway"
             | "warm_p99_ms_gateway"
+            | "server_cpu_us_per_req"
+            | "instance_cpu_us_per_req"
+            | "instance_cpu_us_per_req_direct"
+            | "gateway_cpu_ratio"
             | "gateway_vs_plain_node" => Group::WarmNode,
             "python_shim_ratio" => Group::PythonShim,
             "scale_ratio" => Group::Scale,
@@ -108,12 +118,22 @@ impl Group {
     }
 }
 
+/// A figure's key without a spread suffix (`gateway_ratio_median` → `gateway_ratio`), so
+/// `--only` takes the keys of the `key=value` lines too.
+fn base_key(key: &str) -> &str {
+    stats::SPREAD_SUFFIXES
+        .iter()
+        .filter_map(|suffix| key.strip_suffix(suffix))
+        .find(|base| Group::of(base).is_some())
+        .unwrap_or(key)
+}
+
 /// What `--only` selects: the groups of the keys, plus the bare Python figure that the
 /// deploy and cold-start targets are relative to. Empty selects everything.
 fn select(only: &[String]) -> Result<(BTreeSet<Group>, bool)> {
     let keys: Vec<&str> = only
         .iter()
-        .map(|k| k.trim())
+        .map(|k| base_key(k.trim()))
         .filter(|k| !k.is_empty())
         .collect();
     if keys.is_empty() {
@@ -219,7 +239,7 @@ async fn measure_all(
         scratch,
     } = setup;
     let (plain_node, scratch) = (*plain_node, *scratch);
-    let plan = Plan::new(opts.quick, usize::from(opts.connections));
+    let plan = Plan::new(opts.quick, usize::from(opts.connections), opts.rounds);
     for group in groups {
         if group.needs_server() && slot.is_none() {
             let server = Server::start(&ServerConfig {
@@ -302,6 +322,11 @@ impl Signals {
     }
 }
 
+/// The `sless` binary a run starts.
+fn sless_binary(opts: &Options) -> PathBuf {
+    opts.sless.clone().unwrap_or_else(default_sless)
+}
+
 /// The whole run: checks, measurements, and stopping the server whatever happened.
 /// Returns the figures measured, and the error that ended the run early, if any.
 async fn run(opts: &Options) -> (Figures, Result<()>) {
@@ -309,7 +334,7 @@ async fn run(opts: &Options) -> (Figures, Result<()>) {
     let outcome = async {
         let mut signals = Signals::install()?;
         let (groups, plain_node) = select(&opts.only)?;
-        let sless = opts.sless.clone().unwrap_or_else(default_sless);
+        let sless = sless_binary(opts);
         let repo = opts
             .repo
             .clone()
@@ -373,12 +398,16 @@ fn main() -> ExitCode {
     let (figures, outcome) = runtime.block_on(run(&opts));
     if !figures.is_empty() {
         println!("{}", figures.table());
-        // Other work on the machine moves every figure; say how busy it was.
+        // Other work on the machine moves every figure; say how busy it was, and which
+        // build was measured, so runs of two builds are told apart.
+        let sless = sless_binary(&opts);
+        let sless = std::fs::canonicalize(&sless).unwrap_or(sless);
         println!(
-            "_{} CPUs; load average {} at start, {} at end_\n",
+            "_{} CPUs; load average {} at start, {} at end; sless: {}_\n",
             std::thread::available_parallelism().map_or(0, |n| n.get()),
             load_before,
-            load_average()
+            load_average(),
+            sless.display()
         );
         print!("{}", figures.key_values());
     }
@@ -427,6 +456,25 @@ mod tests {
     }
 
     #[test]
+    fn spread_keys_select_their_figure() {
+        let (groups, plain) = select(&[
+            "gateway_ratio_median".into(),
+            "server_cpu_us_per_req_max".into(),
+        ])
+        .expect("select");
+        assert_eq!(
+            groups.into_iter().collect::<Vec<_>>(),
+            vec![Group::WarmNode]
+        );
+        assert!(!plain);
+        let (_, plain) = select(&["gateway_vs_plain_node_min".into()]).expect("select");
+        assert!(plain);
+        assert_eq!(base_key("scale_ratio_max"), "scale_ratio");
+        assert_eq!(base_key("warp_speed_max"), "warp_speed_max");
+        assert!(select(&["gateway_ratio_p50".into()]).is_err());
+    }
+
+    #[test]
     fn unknown_keys_are_refused_with_the_known_ones() {
         let err = select(&["warp_speed".into()]).expect_err("unknown");
         let text = err.to_string();
@@ -463,10 +511,22 @@ mod tests {
             "a,b",
             "--connections",
             "4",
+            "--rounds",
+            "7",
+            "--sless",
+            "/work/old/sless",
         ]);
         assert!(opts.quick);
         assert_eq!(opts.only, vec!["a", "b"]);
         assert_eq!(opts.connections, 4);
+        assert_eq!(opts.rounds, Some(7));
+        assert_eq!(sless_binary(&opts), PathBuf::from("/work/old/sless"));
         assert!(Options::try_parse_from(["sless-bench", "--connections", "0"]).is_err());
+        assert!(Options::try_parse_from(["sless-bench", "--rounds", "0"]).is_err());
+        assert_eq!(
+            Options::parse_from(["sless-bench"]).rounds,
+            None,
+            "the plan picks the default"
+        );
     }
 }

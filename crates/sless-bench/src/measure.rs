@@ -8,8 +8,9 @@ use serde_json::{Value, json};
 use sless_client::Function;
 
 use crate::code;
+use crate::cpu::{self, CpuSource, Meter};
 use crate::error::{BenchError, Result, api, io};
-use crate::load::{self, Endpoint, LoadReport, LoadSpec, RequestTemplate, Target};
+use crate::load::{self, Comparison, Endpoint, LoadReport, LoadSpec, RequestTemplate, Target};
 use crate::procs::{PlainNode, ProtocolConfig, ProtocolServer, Server};
 use crate::stats::{Figures, percentile_ms};
 
@@ -32,14 +33,22 @@ pub struct Plan {
     pub bare_runs: usize,
     pub deploy_runs: usize,
     pub cold_runs: usize,
+    /// The load of each round of a comparison, per target.
     pub load: LoadSpec,
-    /// Alternating rounds the load of each comparison is split into (see [`load::compare`]).
+    /// Alternating rounds of each comparison (see [`load::compare`]); every ratio and CPU
+    /// figure is reported with its spread over them.
     pub rounds: u32,
 }
 
+/// Rounds of a full run: enough for a median that one disturbed round cannot move.
+pub const FULL_ROUNDS: u32 = 5;
+/// Rounds of a `--quick` run: the fewest that still have a middle one.
+pub const QUICK_ROUNDS: u32 = 3;
+
 impl Plan {
-    /// The plan for a full run or a `--quick` smoke test, with `connections` connections.
-    pub fn new(quick: bool, connections: usize) -> Plan {
+    /// The plan for a full run or a `--quick` smoke test, with `connections` connections and
+    /// `rounds` rounds per comparison (default [`FULL_ROUNDS`] or [`QUICK_ROUNDS`]).
+    pub fn new(quick: bool, connections: usize, rounds: Option<u32>) -> Plan {
         if quick {
             Plan {
                 bare_runs: 5,
@@ -48,23 +57,24 @@ impl Plan {
                 load: LoadSpec {
                     connections,
                     warmup: Duration::from_millis(300),
-                    duration: Duration::from_secs(1),
+                    duration: Duration::from_millis(500),
                 },
-                rounds: 2,
+                rounds: rounds.unwrap_or(QUICK_ROUNDS).max(1),
             }
         } else {
             Plan {
                 bare_runs: 20,
                 deploy_runs: 10,
                 cold_runs: 25,
-                // Ten one-second rounds per target: on a shared two-core machine a single
-                // second can be disturbed, and ten of them alternating keep the ratio steady.
+                // Two-second rounds: long enough that a CPU counter read in clock ticks is
+                // off by about one percent, short enough that alternating rounds see the
+                // same machine.
                 load: LoadSpec {
                     connections,
                     warmup: Duration::from_secs(1),
-                    duration: Duration::from_secs(10),
+                    duration: Duration::from_secs(2),
                 },
-                rounds: 10,
+                rounds: rounds.unwrap_or(FULL_ROUNDS).max(1),
             }
         }
     }
@@ -248,6 +258,12 @@ fn minimal_event() -> Value {
 
 /// The warm Node figures: one instance hit directly on its socket, through `/fn/`, and a
 /// plain Node server with the same handler — same generator, same connections, same run.
+///
+/// Around every round the server's and the instance's CPU counters are read, for
+/// `server_cpu_us_per_req` and `instance_cpu_us_per_req` (through `/fn/`),
+/// `instance_cpu_us_per_req_direct` (the instance alone) and `gateway_cpu_ratio`: what a
+/// request through `/fn/` costs the server and the instance together, relative to what the
+/// instance alone costs when hit directly.
 pub async fn warm_node(
     server: &Server,
     node: &Path,
@@ -258,11 +274,11 @@ pub async fn warm_node(
 ) -> Result<()> {
     let spec = plan.load;
     progress!(
-        "warm node: direct vs gateway{}, {} connections, {:?} each in {} alternating rounds",
+        "warm node: direct vs gateway{}, {} connections, {} alternating rounds of {:?}",
         if with_plain { " vs plain node" } else { "" },
         spec.connections,
-        spec.duration,
-        plan.rounds
+        plan.rounds,
+        spec.duration
     );
     let name = "bench-warm-node";
     let fn_spec = json!({
@@ -270,20 +286,38 @@ pub async fn warm_node(
         "concurrency": spec.connections.max(1) * 2,
     });
     create(server, name, &fn_spec, &[("handler.js", code::HELLO_NODE)]).await?;
-    let gateway = Target {
+    let mut gateway = Target {
         name: "gateway".into(),
         endpoint: Endpoint::Tcp(server.addr),
         request: RequestTemplate::get(&format!("/fn/{NS}/{name}")),
+        cpu: vec![Meter {
+            name: "server",
+            source: CpuSource::process(server.pid())?,
+        }],
     };
     expect_ok(&gateway).await?;
     let direct_req = RequestTemplate::post_json("/_sless/invoke", &minimal_event())
         .with_header("x-sless-request-id", "bench")
         .with_header("x-sless-source", "http");
     let socket = function_socket(&server.data_dir.join("run"), &direct_req).await?;
+    // Without cgroup CPU accounting (a sandbox without cgroups) the server's figure is
+    // still worth having, so the instance's are left out rather than failing the run.
+    let instance_cpu = match cpu::instance_cgroup(server.pid(), &socket) {
+        Ok(source) => Some(Meter {
+            name: "instance",
+            source,
+        }),
+        Err(e) => {
+            progress!("  no instance CPU figures: {}", load::error_chain(&e));
+            None
+        }
+    };
+    gateway.cpu.extend(instance_cpu.clone());
     let direct = Target {
         name: "direct".into(),
         endpoint: Endpoint::Unix(socket),
         request: direct_req,
+        cpu: instance_cpu.into_iter().collect(),
     };
     expect_ok(&direct).await?;
 
@@ -299,6 +333,7 @@ pub async fn warm_node(
             name: "plain node".into(),
             endpoint: Endpoint::Tcp(plain.addr),
             request: RequestTemplate::get("/"),
+            cpu: Vec::new(),
         });
         Some(plain)
     } else {
@@ -309,19 +344,52 @@ pub async fn warm_node(
         plain.stop().await?;
     }
     remove(server, name).await?;
-    let reports = outcome?;
-
-    let direct_rps = reports[0].rps();
-    let gateway_rps = reports[1].rps();
-    figures.set("warm_rps_direct", direct_rps);
-    figures.set("warm_rps_gateway", gateway_rps);
-    figures.set("gateway_ratio", ratio(gateway_rps, direct_rps));
-    figures.set("warm_p50_ms_gateway", reports[1].latency_ms(50.0));
-    figures.set("warm_p99_ms_gateway", reports[1].latency_ms(99.0));
-    if let Some(plain) = reports.get(2) {
-        figures.set("gateway_vs_plain_node", ratio(gateway_rps, plain.rps()));
-    }
+    let comparison = outcome?;
+    warm_figures(&comparison, figures);
     Ok(())
+}
+
+/// A figure computed from the reports of one round (or of the totals), when it can be.
+type FromRound = fn(&[LoadReport]) -> Option<f64>;
+
+/// The warm figures of a comparison of direct (target 0, CPU counter 0: the instance),
+/// gateway (target 1, counters 0: the server, 1: the instance) and optionally plain Node
+/// (target 2). A figure whose counter is missing is left out.
+fn warm_figures(comparison: &Comparison, figures: &mut Figures) {
+    let reports = &comparison.totals;
+    let (direct, gateway) = (&reports[0], &reports[1]);
+    figures.set("warm_rps_direct", direct.rps());
+    figures.set("warm_rps_gateway", gateway.rps());
+    figures.set_with_rounds(
+        "gateway_ratio",
+        ratio(gateway.rps(), direct.rps()),
+        &comparison.per_round(|r| ratio(r[1].rps(), r[0].rps())),
+    );
+    figures.set("warm_p50_ms_gateway", gateway.latency_ms(50.0));
+    figures.set("warm_p99_ms_gateway", gateway.latency_ms(99.0));
+    if let Some(plain) = reports.get(2) {
+        figures.set_with_rounds(
+            "gateway_vs_plain_node",
+            ratio(gateway.rps(), plain.rps()),
+            &comparison.per_round(|r| ratio(r[1].rps(), r[2].rps())),
+        );
+    }
+    let cpu_figures: [(&'static str, FromRound); 4] = [
+        ("server_cpu_us_per_req", |r| r[1].cpu_us_per_req(0)),
+        ("instance_cpu_us_per_req", |r| r[1].cpu_us_per_req(1)),
+        ("instance_cpu_us_per_req_direct", |r| r[0].cpu_us_per_req(0)),
+        ("gateway_cpu_ratio", |r| {
+            let through_gateway = r[1].cpu_us_per_req(0)? + r[1].cpu_us_per_req(1)?;
+            Some(ratio(through_gateway, r[0].cpu_us_per_req(0)?))
+        }),
+    ];
+    for (key, of) in cpu_figures {
+        if let Some(whole) = of(reports) {
+            // A round without the figure counts as not measured (NaN), which the spread skips.
+            let rounds = comparison.per_round(|r| of(r).unwrap_or(f64::NAN));
+            figures.set_with_rounds(key, whole, &rounds);
+        }
+    }
 }
 
 /// `python_shim_ratio`: the shim vs a `ThreadingHTTPServer` serving the same handler, both
@@ -335,10 +403,10 @@ pub async fn python_shim(
 ) -> Result<()> {
     let spec = plan.load;
     progress!(
-        "python shim vs ThreadingHTTPServer, {} connections, {:?} each in {} alternating rounds",
+        "python shim vs ThreadingHTTPServer, {} connections, {} alternating rounds of {:?}",
         spec.connections,
-        spec.duration,
-        plan.rounds
+        plan.rounds,
+        spec.duration
     );
     let root = scratch.join("python-shim");
     let code_dir = root.join("code");
@@ -372,10 +440,11 @@ pub async fn python_shim(
             name: what.into(),
             endpoint: Endpoint::Unix(process.socket.clone()),
             request: request.clone(),
+            cpu: Vec::new(),
         });
         processes.push(process);
     }
-    let mut outcome = Ok(Vec::new());
+    let mut outcome = Ok(Comparison::default());
     for target in &targets {
         if let Err(e) = expect_ok(target).await {
             outcome = Err(e);
@@ -387,10 +456,12 @@ pub async fn python_shim(
     for process in processes {
         process.stop().await?;
     }
-    let reports = outcome?;
-    figures.set(
+    let comparison = outcome?;
+    let reports = &comparison.totals;
+    figures.set_with_rounds(
         "python_shim_ratio",
         ratio(reports[0].rps(), reports[1].rps()),
+        &comparison.per_round(|r| ratio(r[0].rps(), r[1].rps())),
     );
     Ok(())
 }
@@ -400,10 +471,10 @@ pub async fn python_shim(
 pub async fn scale(server: &Server, plan: &Plan, figures: &mut Figures) -> Result<()> {
     let spec = plan.load;
     progress!(
-        "scale: CPU-bound python, 2 instances vs 1, {} connections, {:?} each in {} alternating rounds",
+        "scale: CPU-bound python, 2 instances vs 1, {} connections, {} alternating rounds of {:?}",
         spec.connections,
-        spec.duration,
-        plan.rounds
+        plan.rounds,
+        spec.duration
     );
     let mut targets = Vec::new();
     for instances in [1u32, 2] {
@@ -419,9 +490,10 @@ pub async fn scale(server: &Server, plan: &Plan, figures: &mut Figures) -> Resul
             request: RequestTemplate::get(&format!("/fn/{NS}/{name}")),
             endpoint: Endpoint::Tcp(server.addr),
             name,
+            cpu: Vec::new(),
         });
     }
-    let mut outcome = Ok(Vec::new());
+    let mut outcome = Ok(Comparison::default());
     for target in &targets {
         if let Err(e) = expect_ok(target).await {
             outcome = Err(e);
@@ -433,18 +505,31 @@ pub async fn scale(server: &Server, plan: &Plan, figures: &mut Figures) -> Resul
     for target in &targets {
         remove(server, &target.name).await?;
     }
-    let reports = outcome?;
-    figures.set("scale_ratio", ratio(reports[1].rps(), reports[0].rps()));
+    let comparison = outcome?;
+    let reports = &comparison.totals;
+    figures.set_with_rounds(
+        "scale_ratio",
+        ratio(reports[1].rps(), reports[0].rps()),
+        &comparison.per_round(|r| ratio(r[1].rps(), r[0].rps())),
+    );
     Ok(())
 }
 
 /// Alternating load runs of `targets`, each checked for errors, with a progress line each.
-async fn compare_checked(targets: &[Target], plan: &Plan) -> Result<Vec<LoadReport>> {
-    let reports = load::compare(targets, plan.load, plan.rounds).await?;
-    for (target, report) in targets.iter().zip(&reports) {
+async fn compare_checked(targets: &[Target], plan: &Plan) -> Result<Comparison> {
+    let comparison = load::compare(targets, plan.load, plan.rounds).await?;
+    let reports = &comparison.totals;
+    for (target, report) in targets.iter().zip(reports) {
         let what = &target.name;
+        let cpu: String = target
+            .cpu
+            .iter()
+            .enumerate()
+            .filter_map(|(i, meter)| Some((meter.name, report.cpu_us_per_req(i)?)))
+            .map(|(name, us)| format!(", {name} CPU {us:.1} µs/req"))
+            .collect();
         progress!(
-            "  {what}: {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms, {} errors",
+            "  {what}: {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms, {} errors{cpu}",
             report.rps(),
             report.latency_ms(50.0),
             report.latency_ms(99.0),
@@ -454,10 +539,10 @@ async fn compare_checked(targets: &[Target], plan: &Plan) -> Result<Vec<LoadRepo
             progress!("  {what}: first failure: {first}");
         }
     }
-    for (target, report) in targets.iter().zip(&reports) {
+    for (target, report) in targets.iter().zip(reports) {
         report.check(&target.name, MAX_ERROR_RATIO)?;
     }
-    Ok(reports)
+    Ok(comparison)
 }
 
 /// Sends the target's request once and fails unless it is answered with 200.
@@ -637,8 +722,8 @@ mod tests {
 
     #[test]
     fn quick_plans_are_smaller_but_complete() {
-        let full = Plan::new(false, 8);
-        let quick = Plan::new(true, 8);
+        let full = Plan::new(false, 8, None);
+        let quick = Plan::new(true, 8, None);
         assert!(
             full.cold_runs >= 20,
             "the issue asks for at least 20 cold runs"
@@ -648,6 +733,77 @@ mod tests {
         assert!(quick.cold_runs < full.cold_runs && quick.cold_runs > 0);
         assert!(quick.load.duration < full.load.duration);
         assert_eq!(quick.load.connections, 8);
+        assert_eq!((full.rounds, quick.rounds), (FULL_ROUNDS, QUICK_ROUNDS));
+        assert!(quick.rounds < full.rounds && quick.rounds >= 3);
+        assert_eq!(Plan::new(false, 8, Some(9)).rounds, 9);
+        assert_eq!(Plan::new(true, 8, Some(0)).rounds, 1);
+    }
+
+    /// A round's report: `ok` requests in one second, with CPU counters used `cpu_ms` each
+    /// over that second.
+    fn round(ok: u64, cpu_ms: &[u64]) -> LoadReport {
+        LoadReport {
+            ok,
+            window: Duration::from_secs(1),
+            cpu: cpu_ms
+                .iter()
+                .map(|ms| load::CpuUse {
+                    used_ns: ms * 1_000_000,
+                    over: Duration::from_secs(1),
+                })
+                .collect(),
+            ..LoadReport::default()
+        }
+    }
+
+    #[test]
+    fn warm_figures_have_whole_run_values_and_round_spreads() {
+        // Direct: 10000 req/s at 20 µs instance CPU each; gateway: 3000 req/s at 40 µs
+        // server + 30 µs instance CPU each, then a disturbed round at 2000 req/s.
+        let rounds = vec![
+            vec![round(10_000, &[200]), round(3000, &[120, 90])],
+            vec![round(10_000, &[200]), round(2000, &[80, 60])],
+            vec![round(10_000, &[200]), round(3000, &[120, 90])],
+        ];
+        let mut totals = vec![LoadReport::default(), LoadReport::default()];
+        for r in &rounds {
+            for (total, report) in totals.iter_mut().zip(r) {
+                total.merge(report.clone());
+            }
+        }
+        let mut figures = Figures::default();
+        warm_figures(&Comparison { rounds, totals }, &mut figures);
+        let close = |key: &str, want: f64| {
+            let got = figures.get(key).unwrap_or(f64::NAN);
+            assert!((got - want).abs() < 1e-9, "{key}: {got} != {want}");
+        };
+        close("warm_rps_gateway", 8000.0 / 3.0);
+        close("gateway_ratio", 0.8 / 3.0);
+        close("server_cpu_us_per_req", 40.0);
+        close("instance_cpu_us_per_req", 30.0);
+        close("instance_cpu_us_per_req_direct", 20.0);
+        close("gateway_cpu_ratio", 3.5);
+        let spread = figures.spread("gateway_ratio").expect("spread");
+        assert_eq!((spread.min, spread.median, spread.max), (0.2, 0.3, 0.3));
+        assert_eq!(spread.rounds, 3);
+        assert!(figures.spread("warm_rps_gateway").is_none());
+        assert!(figures.get("gateway_vs_plain_node").is_none());
+    }
+
+    #[test]
+    fn warm_figures_leave_out_cpu_figures_without_counters() {
+        let rounds = vec![vec![round(10_000, &[]), round(3000, &[120])]];
+        let totals = rounds[0].clone();
+        let mut figures = Figures::default();
+        warm_figures(&Comparison { rounds, totals }, &mut figures);
+        assert!(figures.get("server_cpu_us_per_req").is_some());
+        for key in [
+            "instance_cpu_us_per_req",
+            "instance_cpu_us_per_req_direct",
+            "gateway_cpu_ratio",
+        ] {
+            assert!(figures.get(key).is_none(), "{key}");
+        }
     }
 
     #[test]

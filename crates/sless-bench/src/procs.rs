@@ -255,6 +255,11 @@ impl Server {
         })
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.guard.pid()
+    }
+
     /// The server's resident set size in MiB, from `/proc/<pid>/status`.
     pub fn rss_mib(&self) -> Result<f64> {
         let path = format!("/proc/{}/status", self.guard.pid());

@@ -1,5 +1,5 @@
-//! Percentiles, the figures a run produces, their targets, and the two output formats
-//! (a markdown table for people, `key=value` lines for scripts).
+//! Percentiles, spreads over rounds, the figures a run produces, their targets, and the two
+//! output formats (a markdown table for people, `key=value` lines for scripts).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -20,6 +20,43 @@ pub fn percentile_ms(samples: &[Duration], p: f64) -> f64 {
     sorted.sort_unstable();
     percentile_sorted(&sorted, p).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }
+
+/// The spread of a figure over a run's rounds: on a shared machine one round proves
+/// little, so every ratio and CPU figure shows how far its rounds were apart.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    pub min: f64,
+    /// The middle value; the mean of the two middle ones for an even count.
+    pub median: f64,
+    pub max: f64,
+    /// How many rounds.
+    pub rounds: usize,
+}
+
+impl Spread {
+    /// The spread of `values`, ignoring any that are not finite (a round that measured
+    /// nothing); `None` when none is left.
+    pub fn of(values: &[f64]) -> Option<Spread> {
+        let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let (first, last) = (*sorted.first()?, *sorted.last()?);
+        let median = if n % 2 == 1 {
+            sorted[n / 2]
+        } else {
+            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+        };
+        Some(Spread {
+            min: first,
+            median,
+            max: last,
+            rounds: n,
+        })
+    }
+}
+
+/// The suffixes of the `key=value` lines of a figure's spread.
+pub const SPREAD_SUFFIXES: [&str; 3] = ["_min", "_median", "_max"];
 
 /// Which side of the reference a figure should be on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +123,10 @@ pub const FIGURES: &[(&str, &str, Option<Target>)] = &[
     ),
     ("warm_p50_ms_gateway", "ms", None),
     ("warm_p99_ms_gateway", "ms", None),
+    ("server_cpu_us_per_req", "µs", None),
+    ("instance_cpu_us_per_req", "µs", None),
+    ("instance_cpu_us_per_req_direct", "µs", None),
+    ("gateway_cpu_ratio", "", None),
     (
         "gateway_vs_plain_node",
         "",
@@ -125,10 +166,11 @@ pub fn is_known(key: &str) -> bool {
     FIGURES.iter().any(|(k, _, _)| *k == key)
 }
 
-/// The figures of one run, by key.
+/// The figures of one run, by key, with the spread over rounds of those measured in rounds.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Figures {
     values: BTreeMap<&'static str, f64>,
+    spreads: BTreeMap<&'static str, Spread>,
 }
 
 /// How a figure fared against its target.
@@ -147,6 +189,20 @@ impl Figures {
     pub fn set(&mut self, key: &'static str, value: f64) {
         debug_assert!(is_known(key), "unknown figure {key}");
         self.values.insert(key, value);
+    }
+
+    /// Records a figure measured over the whole run (`value`, which the target is checked
+    /// against) and its value in each round, whose spread is printed beside it.
+    pub fn set_with_rounds(&mut self, key: &'static str, value: f64, rounds: &[f64]) {
+        self.set(key, value);
+        if let Some(spread) = Spread::of(rounds) {
+            self.spreads.insert(key, spread);
+        }
+    }
+
+    /// The spread over rounds of a recorded figure, when it was measured in rounds.
+    pub fn spread(&self, key: &str) -> Option<Spread> {
+        self.spreads.get(key).copied()
     }
 
     /// A recorded figure.
@@ -206,9 +262,13 @@ impl Figures {
         }
     }
 
-    /// The markdown table: figure, value, target, ✓/✗.
+    /// The markdown table: figure, value over the whole run, min / median / max over the
+    /// rounds, target, ✓/✗.
     pub fn table(&self) -> String {
-        let mut out = String::from("| figure | value | target | ok |\n|---|---:|---|:-:|\n");
+        let mut out = String::from(
+            "| figure | value | rounds: min / median / max | target | ok |\n\
+             |---|---:|---:|---|:-:|\n",
+        );
         for (key, unit, _) in FIGURES {
             let Some(value) = self.get(key) else { continue };
             let (target, mark) = match self.verdict(key) {
@@ -217,18 +277,39 @@ impl Figures {
                 Verdict::Checked { target, met } => (target, if met { "✓" } else { "✗" }),
             };
             let shown = format_value(value, unit);
+            let spread = self.spread(key).map_or(String::new(), |s| {
+                let n = |v: f64| format_value(v, "");
+                format!(
+                    "{} / {} / {}{} ({}×)",
+                    n(s.min),
+                    n(s.median),
+                    n(s.max),
+                    if unit.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {unit}")
+                    },
+                    s.rounds
+                )
+            });
             // Writing to a String cannot fail.
-            let _ = writeln!(out, "| `{key}` | {shown} | {target} | {mark} |");
+            let _ = writeln!(out, "| `{key}` | {shown} | {spread} | {target} | {mark} |");
         }
         out
     }
 
-    /// One `key=value` line per figure, in table order, values as plain numbers.
+    /// One `key=value` line per figure, in table order, values as plain numbers; a figure
+    /// measured in rounds is followed by `key_min`, `key_median` and `key_max`.
     pub fn key_values(&self) -> String {
         let mut out = String::new();
         for (key, _, _) in FIGURES {
             if let Some(value) = self.get(key) {
                 let _ = writeln!(out, "{key}={}", plain_number(value));
+            }
+            if let Some(s) = self.spread(key) {
+                for (suffix, v) in SPREAD_SUFFIXES.iter().zip([s.min, s.median, s.max]) {
+                    let _ = writeln!(out, "{key}{suffix}={}", plain_number(v));
+                }
             }
         }
         out
@@ -344,12 +425,69 @@ mod tests {
         let table = f.table();
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 5, "{table}");
-        assert_eq!(lines[2], "| `bare_python_ms_p50` | 19.0 ms |  |  |");
-        assert_eq!(lines[3], "| `warm_rps_gateway` | 4322 req/s |  |  |");
-        assert_eq!(lines[4], "| `scale_ratio` | 1.25 | ≥ 1.6 | ✗ |");
+        assert_eq!(lines[2], "| `bare_python_ms_p50` | 19.0 ms |  |  |  |");
+        assert_eq!(lines[3], "| `warm_rps_gateway` | 4322 req/s |  |  |  |");
+        assert_eq!(lines[4], "| `scale_ratio` | 1.25 |  | ≥ 1.6 | ✗ |");
         assert_eq!(
             f.key_values(),
             "bare_python_ms_p50=19\nwarm_rps_gateway=4321.5\nscale_ratio=1.25\n"
         );
+    }
+
+    #[test]
+    fn spreads_have_the_middle_value_as_median() {
+        let odd = Spread::of(&[0.5, 0.2, 0.9, 0.3, 0.4]).expect("spread");
+        assert_eq!(
+            odd,
+            Spread {
+                min: 0.2,
+                median: 0.4,
+                max: 0.9,
+                rounds: 5
+            }
+        );
+        let even = Spread::of(&[4.0, 1.0, 3.0, 2.0]).expect("spread");
+        assert_eq!((even.min, even.median, even.max), (1.0, 2.5, 4.0));
+        let one = Spread::of(&[7.0]).expect("spread");
+        assert_eq!(
+            (one.min, one.median, one.max, one.rounds),
+            (7.0, 7.0, 7.0, 1)
+        );
+        assert_eq!(Spread::of(&[]), None);
+        // A round that measured nothing (0/0) does not count.
+        let partial = Spread::of(&[f64::NAN, 2.0, f64::INFINITY, 1.0]).expect("spread");
+        assert_eq!((partial.median, partial.rounds), (1.5, 2));
+        assert_eq!(Spread::of(&[f64::NAN]), None);
+    }
+
+    #[test]
+    fn spreads_print_beside_their_figure_in_both_formats() {
+        let mut f = Figures::default();
+        f.set_with_rounds("gateway_ratio", 0.31, &[0.33, 0.29, 0.3]);
+        f.set_with_rounds("server_cpu_us_per_req", 41.26, &[40.0, 45.5, 41.0]);
+        f.set("warm_rps_gateway", 19043.0);
+        let table = f.table();
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines[0],
+            "| figure | value | rounds: min / median / max | target | ok |"
+        );
+        assert_eq!(
+            lines[3],
+            "| `gateway_ratio` | 0.31 | 0.29 / 0.30 / 0.33 (3×) | ≥ 0.8 | ✗ |"
+        );
+        assert_eq!(
+            lines[4],
+            "| `server_cpu_us_per_req` | 41.3 µs | 40.0 / 41.0 / 45.5 µs (3×) |  |  |"
+        );
+        assert_eq!(
+            f.key_values(),
+            "warm_rps_gateway=19043\n\
+             gateway_ratio=0.31\ngateway_ratio_min=0.29\ngateway_ratio_median=0.3\n\
+             gateway_ratio_max=0.33\n\
+             server_cpu_us_per_req=41.26\nserver_cpu_us_per_req_min=40\n\
+             server_cpu_us_per_req_median=41\nserver_cpu_us_per_req_max=45.5\n"
+        );
+        assert_eq!(f.spread("warm_rps_gateway"), None);
     }
 }
