@@ -12,9 +12,10 @@ use chrono::Utc;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sless_blob::{BlobError, Stored};
+use sless_core::invocation::InvocationSource;
 use sless_core::{FunctionSpec, FunctionStatus, NetworkMode, Phase};
-use sless_executor::{InvokeError, InvokeRequest};
-use sless_records::{Invocation, InvocationSource};
+use sless_executor::InvokeError;
+use sless_invoke::{Call, Invoker};
 use sless_store::{CodeOwner, FunctionChange, FunctionRecord};
 
 use crate::{ApiError, AppState, Caller, JsonBody, read_limited};
@@ -471,17 +472,24 @@ pub async fn invoke(
         body
     };
     let request_id = sless_gateway::request_id(&headers);
-    let request = InvokeRequest {
-        event,
-        request_id: request_id.clone(),
-        source: InvocationSource::Invoke.as_str(),
-    };
-    let invocation = s
-        .recorder
-        .as_ref()
-        .map(|_| Invocation::start(&ns, &name, InvocationSource::Invoke, &request_id));
-    let result = s.executor.invoke(&ns, &name, request).await;
-    let mut response = match &result {
+    // Not the hot path: the pipeline is put together per call from the state's parts.
+    let invoker = Invoker::new(
+        s.executor.clone(),
+        s.recorder.clone(),
+        s.controller.failed_functions(),
+    );
+    let call = Call::new(&ns, &name, InvocationSource::Invoke, &request_id, event);
+    let mut outcome = invoker.invoke(call).await;
+    if let Err(InvokeError::NotFound) = outcome.result {
+        // A function that exists but cannot serve yet is a failed invocation
+        // (recorded); one that does not exist is a 404 (not recorded).
+        let record = s.store.get_function(&ns, &name).await?;
+        outcome.result = Err(InvokeError::Unavailable(format!(
+            "function {name} has no revision that can serve yet (phase {:?}: {})",
+            record.status.phase, record.status.message
+        )));
+    }
+    let mut response = match &outcome.result {
         Ok(r) => {
             let status = if r.ok {
                 StatusCode::OK
@@ -495,29 +503,9 @@ pub async fn invoke(
             )
                 .into_response()
         }
-        Err(InvokeError::NotFound) => {
-            // A function that exists but cannot serve yet is a failed invocation
-            // (recorded); one that does not exist is a 404 (not recorded).
-            let record = s.store.get_function(&ns, &name).await?;
-            let e = ApiError::Unavailable(format!(
-                "function {name} has no revision that can serve yet (phase {:?}: {})",
-                record.status.phase, record.status.message
-            ));
-            if let (Some(recorder), Some(invocation)) = (&s.recorder, invocation) {
-                recorder.record(invocation.finish_with(
-                    0,
-                    StatusCode::SERVICE_UNAVAILABLE.as_u16(),
-                    false,
-                    Some(e.to_string()),
-                ));
-            }
-            return Err(e);
-        }
         Err(e) => sless_gateway::invoke_error_response(e),
     };
-    if let (Some(recorder), Some(invocation)) = (&s.recorder, invocation) {
-        recorder.record(invocation.finish(result.as_ref(), response.status().as_u16()));
-    }
+    let _ = outcome.finish(response.status().as_u16());
     if let Ok(v) = header::HeaderValue::from_str(&request_id) {
         response.headers_mut().insert("x-request-id", v);
     }

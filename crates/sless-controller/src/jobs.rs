@@ -9,22 +9,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use bytes::Bytes;
 use chrono::Utc;
 use sless_blob::BlobStore;
 use sless_build::{BuildError, BuildRequest, Builder};
+use sless_core::invocation::InvocationSource;
 use sless_core::{JobPhase, JobStatus, Runtime};
-use sless_executor::{Deployment, Executor, InvokeError, InvokeRequest};
+use sless_executor::{Deployment, Executor, InvokeError};
+use sless_invoke::{Call, Invoker};
 use sless_logs::LogStore;
 use sless_store::{JobRecord, JobStore, StoreError};
 
-use crate::triggers::InvokeOutcome;
-
 type Key = (String, String);
-
-/// Called with every invocation a job makes, for the invocation records:
-/// (namespace, function (or the job's pool for self-contained code), request id, outcome).
-pub type OnJobInvoke = Arc<dyn Fn(&str, &str, &str, &InvokeOutcome) + Send + Sync>;
 
 /// Default bound of one attempt of a self-contained job.
 const SELF_CONTAINED_TIMEOUT: u32 = 600;
@@ -37,7 +32,8 @@ pub struct Jobs {
     builder: Arc<Builder>,
     executor: Arc<Executor>,
     logs: Arc<LogStore>,
-    on_invoke: Option<OnJobInvoke>,
+    /// Attempts go through the invocation pipeline, which records them.
+    invoker: Arc<Invoker>,
     running: Mutex<HashMap<Key, tokio::task::JoinHandle<()>>>,
     me: Weak<Jobs>,
 }
@@ -54,7 +50,7 @@ impl Jobs {
         builder: Arc<Builder>,
         executor: Arc<Executor>,
         logs: Arc<LogStore>,
-        on_invoke: Option<OnJobInvoke>,
+        invoker: Arc<Invoker>,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Jobs {
             store,
@@ -62,7 +58,7 @@ impl Jobs {
             builder,
             executor,
             logs,
-            on_invoke,
+            invoker,
             running: Mutex::new(HashMap::new()),
             me: me.clone(),
         })
@@ -154,41 +150,32 @@ impl Jobs {
             self.store.set_job_status(ns, name, &status).await?;
             return Ok(());
         }
-        let event = Bytes::from(serde_json::to_vec(&job.spec.event).unwrap_or_default());
+        let event = match sless_invoke::encode_event(&job.spec.event) {
+            Ok(event) => event,
+            Err(e) => {
+                status.phase = JobPhase::Failed;
+                status.message = e.to_string();
+                status.finished_at = Some(Utc::now());
+                self.executor.remove(ns, &pool);
+                self.store.set_job_status(ns, name, &status).await?;
+                return Ok(());
+            }
+        };
         // Records name the function a job ran, or the job's pool for its own code.
         let label = job.spec.function.clone().unwrap_or_else(|| pool.clone());
         for attempt in 1..=job.spec.max_attempts {
             status.attempts = attempt;
             self.store.set_job_status(ns, name, &status).await?;
-            let request_id = format!("{:032x}", rand::random::<u128>());
-            let started_at = Utc::now();
-            let clock = std::time::Instant::now();
-            let request = InvokeRequest {
-                event: event.clone(),
-                request_id: request_id.clone(),
-                source: "job",
+            let request_id = sless_invoke::new_request_id();
+            let call = Call::new(ns, &pool, InvocationSource::Job, &request_id, event.clone())
+                .recorded_as(&label);
+            let done = self.invoker.run(call).await;
+            let error = match &done.result {
+                // The job's own words: its pool's name means nothing to its owner.
+                Err(InvokeError::Timeout { .. }) => Some(format!("timed out after {timeout} s")),
+                _ => done.error,
             };
-            let outcome = self.executor.invoke(ns, &pool, request).await;
-            let (code, error, revision, cold_start) = match &outcome {
-                Ok(r) if r.ok => (200, None, r.revision, r.cold_start),
-                Ok(r) => (500, Some(handler_error(&r.body)), r.revision, r.cold_start),
-                Err(InvokeError::Timeout { .. }) => {
-                    (504, Some(format!("timed out after {timeout} s")), 0, false)
-                }
-                Err(e) => (502, Some(e.to_string()), 0, false),
-            };
-            if let Some(on_invoke) = &self.on_invoke {
-                let o = InvokeOutcome {
-                    status: code,
-                    error: error.clone(),
-                    revision,
-                    cold_start,
-                    started_at,
-                    duration: clock.elapsed(),
-                };
-                on_invoke(ns, &label, &request_id, &o);
-            }
-            match (outcome, error) {
+            match (done.result, error) {
                 (Ok(r), None) => {
                     status.phase = JobPhase::Succeeded;
                     status.result = serde_json::from_slice(&r.body).ok();
@@ -370,11 +357,4 @@ impl Jobs {
         }
         message
     }
-}
-
-fn handler_error(body: &[u8]) -> String {
-    serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_string))
-        .unwrap_or_else(|| "the handler failed".into())
 }

@@ -35,7 +35,7 @@ use sless_blob::BlobStore;
 use sless_build::{BuildError, BuildRequest};
 use sless_core::{FunctionStatus, Phase, Runtime};
 use sless_executor::{DeployError, Deployment};
-use sless_gateway::{FailedFunctions, Failure};
+use sless_invoke::{FailedFunctions, Failure};
 use sless_logs::LogStore;
 use sless_store::{FunctionRecord, Store, StoreError};
 use tokio::sync::{Notify, watch};
@@ -107,7 +107,7 @@ pub struct Controller {
     /// (their code was stored again after being found corrupt or missing).
     retry: Mutex<HashSet<Key>>,
     /// Functions with nothing to serve because their latest revision failed;
-    /// the gateway answers their URL with `503` and the reason.
+    /// every invoker answers a call of them with `503` and the reason.
     failed: Arc<FailedFunctions>,
 }
 
@@ -167,7 +167,7 @@ impl Controller {
         })
     }
 
-    /// The failures the gateway reports for functions with nothing to serve.
+    /// The failures the invocation pipeline reports for functions with nothing to serve.
     pub fn failed_functions(&self) -> Arc<FailedFunctions> {
         self.failed.clone()
     }
@@ -199,7 +199,7 @@ impl Controller {
         out
     }
 
-    /// Records a failure for the gateway when the function has nothing to serve.
+    /// Records a failure for the invokers when the function has nothing to serve.
     fn note_failure(&self, ns: &str, name: &str, private: bool, message: &str) {
         if self.executor.is_deployed(ns, name) {
             // An older revision still serves; the URL keeps answering with it.

@@ -1,33 +1,18 @@
 //! Running triggers: HTTP triggers become routes in the gateway's table, cron
 //! triggers are handed to the cron scheduler, whose fires invoke the function
-//! through the executor and whose state is persisted in the store.
+//! through the invocation pipeline and whose state is persisted in the store.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use bytes::Bytes;
+use sless_core::invocation::InvocationSource;
 use sless_core::{TriggerKind, TriggerStatus};
-use sless_executor::{Executor, InvokeError, InvokeRequest};
-use sless_gateway::{HttpRoute, HttpRoutes};
+use sless_invoke::{Call, HttpRoute, HttpRoutes, Invoker};
 use sless_store::{TriggerRecord, TriggerStore};
 use sless_triggers::{
     CronScheduler, CronState, CronTrigger, Fire, FireOutcome, FireRequest, Schedule,
     SchedulerConfig, StateSink, SystemClock,
 };
-
-/// Called with every invocation a trigger makes, for the invocation records.
-pub type OnInvoke = Arc<dyn Fn(&FireRequest, &str, &InvokeOutcome) + Send + Sync>;
-
-/// What one triggered invocation came to.
-#[derive(Debug, Clone)]
-pub struct InvokeOutcome {
-    pub status: u16,
-    pub error: Option<String>,
-    pub revision: u64,
-    pub cold_start: bool,
-    pub started_at: chrono::DateTime<chrono::Utc>,
-    pub duration: std::time::Duration,
-}
 
 /// All triggers of the server.
 pub struct Triggers {
@@ -38,16 +23,12 @@ pub struct Triggers {
 impl Triggers {
     /// Starts the cron scheduler; it runs until `shutdown` is cancelled.
     pub fn start(
-        executor: Arc<Executor>,
+        invoker: Arc<Invoker>,
         store: Arc<dyn TriggerStore>,
         routes: Arc<HttpRoutes>,
-        on_invoke: Option<OnInvoke>,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Arc<Self> {
-        let fire = Arc::new(ExecutorFire {
-            executor,
-            on_invoke,
-        });
+        let fire = Arc::new(InvokerFire { invoker });
         let sink = Arc::new(StoreSink { store });
         let cron = CronScheduler::new(
             fire,
@@ -130,63 +111,37 @@ impl Triggers {
     }
 }
 
-/// Cron fires go to the executor.
-struct ExecutorFire {
-    executor: Arc<Executor>,
-    on_invoke: Option<OnInvoke>,
+/// Fires go to the invocation pipeline, which records them.
+struct InvokerFire {
+    invoker: Arc<Invoker>,
 }
 
 #[async_trait]
-impl Fire for ExecutorFire {
+impl Fire for InvokerFire {
     async fn fire(&self, req: FireRequest) -> FireOutcome {
-        let request_id = format!("{:032x}", rand::random::<u128>());
-        let started_at = chrono::Utc::now();
-        let clock = std::time::Instant::now();
-        let event = Bytes::from(serde_json::to_vec(&req.event).unwrap_or_default());
-        let invoke = InvokeRequest {
-            event,
-            request_id: request_id.clone(),
-            source: req.source,
-        };
-        let (status, error, revision, cold_start) = match self
-            .executor
-            .invoke(&req.namespace, &req.function, invoke)
-            .await
-        {
-            Ok(r) if r.ok => (200, None, r.revision, r.cold_start),
-            Ok(r) => {
-                let message = serde_json::from_slice::<serde_json::Value>(&r.body)
-                    .ok()
-                    .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_string))
-                    .unwrap_or_else(|| "the handler failed".into());
-                (500, Some(message), r.revision, r.cold_start)
-            }
+        let event = match sless_invoke::encode_event(&req.event) {
+            Ok(event) => event,
             Err(e) => {
-                let status = match e {
-                    InvokeError::NotFound => 404,
-                    InvokeError::Paused(_) | InvokeError::Unavailable(_) => 503,
-                    InvokeError::Timeout { .. } => 504,
-                    InvokeError::InstanceFailed(_) => 502,
+                tracing::error!(namespace = %req.namespace, trigger = %req.trigger, error = %e, "cannot encode the trigger's event");
+                return FireOutcome {
+                    status: 500,
+                    error: Some(e.to_string()),
                 };
-                (status, Some(e.to_string()), 0, false)
             }
         };
-        if let Some(on_invoke) = &self.on_invoke {
-            let outcome = InvokeOutcome {
-                status,
-                error: error.clone(),
-                revision,
-                cold_start,
-                started_at,
-                duration: clock.elapsed(),
-            };
-            on_invoke(&req, &request_id, &outcome);
+        // Every trigger source is named after an invocation source (`cron`, `queue`).
+        let source = InvocationSource::parse(req.source).unwrap_or(InvocationSource::Cron);
+        let request_id = sless_invoke::new_request_id();
+        let call = Call::new(&req.namespace, &req.function, source, &request_id, event);
+        let done = self.invoker.run(call).await;
+        FireOutcome {
+            status: done.status,
+            error: done.error,
         }
-        FireOutcome { status, error }
     }
 
     async fn prewarm(&self, namespace: &str, function: &str) {
-        self.executor.prewarm(namespace, function);
+        self.invoker.executor().prewarm(namespace, function);
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod backoff;
 pub mod function;
+pub mod invocation;
 pub mod job;
 pub mod name;
 pub mod patch;

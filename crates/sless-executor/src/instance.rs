@@ -536,7 +536,7 @@ fn invoke_head(req: &InvokeRequest, deadline_ms: Option<u64>) -> Result<Vec<u8>,
         .header("host", "instance")
         .and_then(|h| h.header("content-type", "application/json"))
         .and_then(|h| h.header("x-sless-request-id", &req.request_id))
-        .and_then(|h| h.header("x-sless-source", req.source))
+        .and_then(|h| h.header("x-sless-source", req.source.as_str()))
         .map_err(bad)?;
     if let Some(deadline) = deadline_ms {
         head = head

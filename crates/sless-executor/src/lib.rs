@@ -120,8 +120,8 @@ pub struct InvokeRequest {
     /// The event, already encoded as JSON.
     pub event: Bytes,
     pub request_id: String,
-    /// `http`, `invoke`, `cron`, `queue` or `job`.
-    pub source: &'static str,
+    /// What started the invocation (sent to the instance as `X-Sless-Source`).
+    pub source: sless_core::invocation::InvocationSource,
 }
 
 /// The handler's answer.

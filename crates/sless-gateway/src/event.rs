@@ -61,14 +61,15 @@ pub fn json_nests_deeper_than(body: &[u8], limit: usize) -> bool {
 }
 
 /// Encodes the event as JSON bytes. This is on every request's path, so it is
-/// serialised straight from the request's parts, borrowing wherever it can.
+/// serialised straight from the request's parts, borrowing wherever it can. An
+/// event that cannot be encoded is an error, never an empty event.
 pub(crate) fn http_event(
     method: &Method,
     path: &str,
     query: Option<&str>,
     headers: &HeaderMap,
     body: &[u8],
-) -> Bytes {
+) -> Result<Bytes, serde_json::Error> {
     let content_type = headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -92,7 +93,7 @@ pub(crate) fn http_event(
         body: EventBody::parse(&content_type, body),
         _accept: accept,
     };
-    Bytes::from(serde_json::to_vec(&event).unwrap_or_default())
+    serde_json::to_vec(&event).map(Bytes::from)
 }
 
 #[derive(Serialize)]
@@ -201,7 +202,7 @@ mod tests {
                 HeaderValue::from_str(v).unwrap(),
             );
         }
-        serde_json::from_slice(&http_event(&method, path, query, &map, body)).unwrap()
+        serde_json::from_slice(&http_event(&method, path, query, &map, body).unwrap()).unwrap()
     }
 
     #[test]

@@ -46,7 +46,8 @@ pub fn check_event(data: &[u8]) {
         }
     }
 
-    let event = crate::event::http_event(&method, &path, query.as_deref(), &headers, body);
+    let event = crate::event::http_event(&method, &path, query.as_deref(), &headers, body)
+        .expect("every request encodes as an event");
     // Read as a map of raw values, not as a `serde_json::Value`: with the
     // `raw_value` feature, a `Value` parse treats an object key
     // `$serde_json::private::RawValue` as "parse my string as JSON", which a

@@ -2,15 +2,14 @@
 //! event, invokes the function through the executor and maps the handler's return
 //! value back to an HTTP response, following the contract's handler conventions.
 //!
-//! Invariant: nothing here touches the metadata store. Private functions are
-//! checked through the [`Authorizer`] seam, which caches; invocation records go
-//! to the [`Recorder`], which never waits.
+//! Invariant: nothing here touches the metadata store (the crate graph makes sure:
+//! `scripts/check-layers`). Private functions are checked through the [`Authorizer`]
+//! seam, which caches; calls and their records go through the [`Invoker`], whose
+//! recorder never waits.
 
 mod body;
 mod event;
-mod failed;
 mod response;
-mod routes;
 
 use std::sync::Arc;
 
@@ -21,16 +20,15 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
-use sless_executor::{Executor, InvokeError, InvokeRequest};
-use sless_records::{Invocation, InvocationSource, Recorder};
+use sless_core::invocation::InvocationSource;
+use sless_executor::InvokeError;
+use sless_invoke::{Call, HttpRoutes, Invoker, RouteMatch, Target};
 
 pub use body::{BodyError, read_body};
 pub use event::{MAX_JSON_DEPTH, json_nests_deeper_than};
-pub use failed::{FailedFunctions, Failure};
 pub use response::{
     error_response, invoke_error_response, public_invoke_error_response, result_response,
 };
-pub use routes::{HttpRoute, HttpRoutes};
 
 /// Whether a caller may invoke a private function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +70,8 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
 /// What the gateway needs.
 #[derive(Clone)]
 pub struct Gateway {
-    pub executor: Arc<Executor>,
+    /// Invokes functions and records the invocations.
+    pub invoker: Arc<Invoker>,
     pub authorizer: Arc<dyn Authorizer>,
     /// Largest request body accepted, in bytes (default 6 MiB).
     pub max_body: usize,
@@ -80,10 +79,6 @@ pub struct Gateway {
     pub body_timeout: std::time::Duration,
     /// HTTP triggers' routes under `/t/`.
     pub routes: Arc<HttpRoutes>,
-    /// Where invocation records go; `None` when recording is off.
-    pub recorder: Option<Arc<Recorder>>,
-    /// Functions whose latest revision failed and that have nothing to serve.
-    pub failed: Arc<FailedFunctions>,
 }
 
 /// `app` with `/fn/{ns}/{name}[/path]` answered before routing: the invoke path is the
@@ -233,15 +228,15 @@ async fn trigger(gw: Gateway, ns: String, path: String, req: Request) -> Respons
         req.method().as_str()
     };
     let route = match gw.routes.resolve(&ns, &path, method) {
-        routes::RouteMatch::Found(route) => route,
-        routes::RouteMatch::NotFound => {
+        RouteMatch::Found(route) => route,
+        RouteMatch::NotFound => {
             return error_response(
                 StatusCode::NOT_FOUND,
                 "not_found",
                 &format!("no trigger serves /t/{ns}{path}"),
             );
         }
-        routes::RouteMatch::MethodNotAllowed(allowed) => {
+        RouteMatch::MethodNotAllowed(allowed) => {
             let mut r = error_response(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
@@ -268,12 +263,7 @@ pub fn request_id(headers: &HeaderMap) -> String {
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 200)
         .map(str::to_string)
-        .unwrap_or_else(|| {
-            let mut hex = [0u8; 32];
-            // 16 bytes always fit 32 hex digits, which are ASCII.
-            let _ = hex::encode_to_slice(rand::random::<u128>().to_be_bytes(), &mut hex);
-            String::from_utf8_lossy(&hex).into_owned()
-        })
+        .unwrap_or_else(sless_invoke::new_request_id)
 }
 
 async fn handle(gw: Gateway, ns: String, name: String, path: String, req: Request) -> Response {
@@ -308,13 +298,14 @@ async fn serve(
     // Nothing to serve: a function that failed says so, with the reason (after the
     // same token check as a running private function).
     let mut failed = None;
-    let private = match gw.executor.is_private(ns, name) {
-        Some(private) => Some(private),
-        None => gw.failed.get(ns, name).map(|failure| {
+    let private = match gw.invoker.target(ns, name) {
+        Some(Target::Serving { private }) => Some(private),
+        Some(Target::Failed(failure)) => {
             let private = failure.private;
             failed = Some(failure);
-            private
-        }),
+            Some(private)
+        }
+        None => None,
     };
     match private {
         None => return not_found(),
@@ -351,17 +342,11 @@ async fn serve(
         Some(false) => {}
     }
     if let Some(failure) = failed {
-        // A revision that could not start failed with its instance's output (a
-        // traceback): the caller learns only that, as from a start failing below.
-        let message = if response::is_start_failure(&failure.message) {
-            response::start_failure_message(ns, name, &failure.message)
-        } else {
-            format!(
-                "function {ns}/{name} failed: {}",
-                response::first_line(&failure.message)
-            )
-        };
-        return error_response(StatusCode::SERVICE_UNAVAILABLE, "unavailable", &message);
+        // The same answer as a call finding the function failed (a revision that
+        // could not start is summarised without its traceback), before the body is
+        // read: nothing was invoked, so nothing is recorded.
+        let e = sless_invoke::failed_error(ns, name, &failure);
+        return public_invoke_error_response(&e, ns, name);
     }
 
     let (parts, body) = req.into_parts();
@@ -390,31 +375,30 @@ async fn serve(
     } else {
         parts.method.clone()
     };
-    let event = event::http_event(&method, &path, parts.uri.query(), &parts.headers, &body);
-    let request = InvokeRequest {
-        event,
-        request_id: request_id.to_string(),
-        source: InvocationSource::Http.as_str(),
+    let event = match event::http_event(&method, &path, parts.uri.query(), &parts.headers, &body) {
+        Ok(event) => event,
+        Err(e) => {
+            tracing::error!(namespace = ns, function = name, error = %e, "cannot encode the request as an event");
+            return error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the request could not be encoded as the function's event",
+            );
+        }
     };
     // Only requests that reach the executor are invocations: a refused body or a
     // failed authorisation never ran the function.
-    let invocation = gw
-        .recorder
-        .as_ref()
-        .map(|_| Invocation::start(ns, name, InvocationSource::Http, request_id));
-    let result = gw.executor.invoke(ns, name, request).await;
-    let mut response = match &result {
+    let call = Call::new(ns, name, InvocationSource::Http, request_id, event);
+    let outcome = gw.invoker.invoke(call).await;
+    let mut response = match &outcome.result {
         Ok(r) => result_response(r.ok, &r.body),
+        // A function that went away meanwhile answers as if it had never existed
+        // (and the pipeline leaves no record of it).
         Err(InvokeError::NotFound) => not_found(),
         Err(e) => public_invoke_error_response(e, ns, name),
     };
-    // A function that went away meanwhile answers as if it had never existed,
-    // and leaves no record.
-    if let (Some(recorder), Some(invocation)) = (&gw.recorder, invocation)
-        && !matches!(result, Err(InvokeError::NotFound))
-    {
-        recorder.record(invocation.finish(result.as_ref(), response.status().as_u16()));
-    }
+    // The record keeps the status the caller gets (a handler's `statusCode`).
+    let _ = outcome.finish(response.status().as_u16());
     if is_head {
         *response.body_mut() = Body::empty();
     }

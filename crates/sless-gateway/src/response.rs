@@ -29,14 +29,14 @@ pub fn invoke_error_response(e: &InvokeError) -> Response {
     error_response(status, code, &e.to_string())
 }
 
+/// The pipeline's status and code of `e` (`sless_invoke::status_of`, the one table).
 fn status_and_code(e: &InvokeError) -> (StatusCode, &'static str) {
-    match e {
-        InvokeError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
-        InvokeError::Paused(_) => (StatusCode::SERVICE_UNAVAILABLE, "paused"),
-        InvokeError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-        InvokeError::Timeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
-        InvokeError::InstanceFailed(_) => (StatusCode::BAD_GATEWAY, "instance_failed"),
-    }
+    let (status, code) = sless_invoke::status_of(e);
+    // Every status in the table is a valid one.
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        code,
+    )
 }
 
 /// The answer a failed invocation gives a caller of `/fn/` or `/t/`, who may be
@@ -60,14 +60,14 @@ const MAX_PUBLIC_REASON: usize = 200;
 
 /// Whether a failure's text is an instance that could not start (the executor's
 /// `function … could not start: …` and the controller's `revision … could not start: …`).
-pub(crate) fn is_start_failure(text: &str) -> bool {
+fn is_start_failure(text: &str) -> bool {
     text.contains(" could not start")
 }
 
 /// What a public caller learns of a start failure: that it happened, the exception's
 /// type when the runtime named one (`ValueError`, never its message), and where the
 /// owner finds the rest.
-pub(crate) fn start_failure_message(ns: &str, name: &str, text: &str) -> String {
+fn start_failure_message(ns: &str, name: &str, text: &str) -> String {
     let hint = if let Some(kind) = exception_type(text) {
         format!(" ({kind} while loading its code)")
     } else if text.contains("did not become ready within") {
@@ -100,7 +100,7 @@ fn exception_type(text: &str) -> Option<&str> {
 
 /// The first line of a message, without a trailing colon, at most
 /// [`MAX_PUBLIC_REASON`] characters.
-pub(crate) fn first_line(text: &str) -> String {
+fn first_line(text: &str) -> String {
     text.lines()
         .next()
         .unwrap_or_default()

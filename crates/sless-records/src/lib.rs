@@ -1,6 +1,6 @@
 //! Invocation records off the invoke path: [`Recorder::record`] hands a record to a
-//! bounded channel without waiting, and one background task writes them to the
-//! [`InvocationStore`] in batches (up to `batch_size` records, or whatever arrived
+//! bounded channel without waiting, and one background task writes them to a
+//! [`RecordSink`] (the store implements it) in batches (up to `batch_size` records, or whatever arrived
 //! within `batch_interval` of the first). When the channel is full the record is
 //! dropped and counted: recording must never slow or fail an invocation.
 //!
@@ -11,22 +11,20 @@
 //! [`spawn_retention`] prunes old records.
 
 mod id;
-mod invocation;
 mod retention;
+mod sink;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sless_store::InvocationStore;
+use sless_core::invocation::InvocationRecord;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
 pub use id::new_id;
-pub use invocation::{Invocation, MAX_ERROR_LEN, handler_error};
 pub use retention::{Retention, spawn_retention};
-/// The record types, so invokers need not depend on the store.
-pub use sless_store::{InvocationRecord, InvocationSource};
+pub use sink::{RecordSink, SinkError};
 
 /// Errors of the recorder.
 #[derive(Debug, thiserror::Error)]
@@ -90,7 +88,7 @@ struct Stats {
 impl Recorder {
     /// Starts the writer task (on the current Tokio runtime). It ends once the
     /// recorder is dropped and every buffered record is written.
-    pub fn start(store: Arc<dyn InvocationStore>, config: RecorderConfig) -> Arc<Self> {
+    pub fn start(store: Arc<dyn RecordSink>, config: RecorderConfig) -> Arc<Self> {
         let (tx, rx) = mpsc::channel(config.capacity.max(1));
         let stats = Arc::new(Stats::default());
         let nudge = Arc::new(Notify::new());
@@ -174,7 +172,7 @@ impl Recorder {
 
 async fn write_loop(
     mut rx: mpsc::Receiver<Message>,
-    store: Arc<dyn InvocationStore>,
+    store: Arc<dyn RecordSink>,
     config: RecorderConfig,
     stats: Arc<Stats>,
     nudge: Arc<Notify>,
@@ -245,7 +243,7 @@ impl Pending {
         true
     }
 
-    async fn write(&mut self, store: &dyn InvocationStore, stats: &Stats) {
+    async fn write(&mut self, store: &dyn RecordSink, stats: &Stats) {
         write(store, &mut self.batch, stats).await;
         for done in self.flushes.drain(..) {
             let _ = done.send(());
@@ -253,7 +251,7 @@ impl Pending {
     }
 }
 
-async fn write(store: &dyn InvocationStore, batch: &mut Vec<InvocationRecord>, stats: &Stats) {
+async fn write(store: &dyn RecordSink, batch: &mut Vec<InvocationRecord>, stats: &Stats) {
     if batch.is_empty() {
         return;
     }
@@ -277,7 +275,7 @@ async fn write(store: &dyn InvocationStore, batch: &mut Vec<InvocationRecord>, s
 mod tests {
     use super::*;
     use async_trait::async_trait;
-    use sless_store::{InvocationFilter, InvocationSource, StoreError};
+    use sless_core::invocation::InvocationSource;
     use tokio::sync::{Notify, Semaphore};
 
     /// Remembers each batch; writes wait for a permit when `gated`.
@@ -297,37 +295,40 @@ mod tests {
     }
 
     #[async_trait]
-    impl InvocationStore for FakeStore {
-        async fn insert_batch(&self, records: &[InvocationRecord]) -> sless_store::Result<()> {
+    impl RecordSink for FakeStore {
+        async fn insert_batch(&self, records: &[InvocationRecord]) -> Result<(), SinkError> {
             if let Some(gate) = &self.gate {
                 gate.acquire().await.unwrap().forget();
             }
             if self.fail {
-                return Err(StoreError::NotFound {
-                    kind: "table",
-                    name: "invocations".into(),
-                });
+                return Err(SinkError::new(std::io::Error::other(
+                    "no table invocations",
+                )));
             }
             self.batches.lock().unwrap().push(records.to_vec());
             self.written.notify_waiters();
             Ok(())
         }
-        async fn list(
-            &self,
-            _: &str,
-            _: &InvocationFilter,
-        ) -> sless_store::Result<Vec<InvocationRecord>> {
-            Ok(Vec::new())
-        }
-        async fn prune(&self, _: Duration, _: u64) -> sless_store::Result<u64> {
+        async fn prune(&self, _: Duration, _: u64) -> Result<u64, SinkError> {
             self.prunes.fetch_add(1, Ordering::Relaxed);
             Ok(0)
         }
     }
 
     fn rec(i: usize) -> InvocationRecord {
-        Invocation::start("team", "f", InvocationSource::Http, &format!("req-{i}"))
-            .finish_with(1, 200, false, None)
+        InvocationRecord {
+            id: new_id(),
+            namespace: "team".into(),
+            function: "f".into(),
+            revision: 1,
+            source: InvocationSource::Http,
+            request_id: format!("req-{i}"),
+            started_at: chrono::Utc::now(),
+            duration: Duration::from_millis(1),
+            status: 200,
+            cold_start: false,
+            error: None,
+        }
     }
 
     fn config(capacity: usize) -> RecorderConfig {
@@ -474,33 +475,5 @@ mod tests {
         };
         spawn_retention(store.clone(), unbounded).await.unwrap();
         assert_eq!(store.prunes.load(Ordering::Relaxed), 0);
-    }
-
-    /// The cost of a burst through the real SQLite store: from the first
-    /// `record` to `flush` returning (printed; run with `--nocapture`).
-    #[tokio::test]
-    async fn a_burst_of_1000_reaches_sqlite_quickly() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(
-            sless_store::SqliteStore::open(&dir.path().join("t.db"))
-                .await
-                .unwrap(),
-        );
-        let recorder = Recorder::start(store.clone(), RecorderConfig::default());
-        let records: Vec<_> = (0..1000).map(rec).collect();
-        let start = std::time::Instant::now();
-        for r in records {
-            recorder.record(r);
-        }
-        let queued = start.elapsed();
-        recorder.flush().await.unwrap();
-        let total = start.elapsed();
-        println!("1000 records: queued in {queued:?}, written (flush done) in {total:?}");
-        let all = InvocationFilter {
-            limit: Some(1000),
-            ..InvocationFilter::default()
-        };
-        assert_eq!(store.list("team", &all).await.unwrap().len(), 1000);
-        assert_eq!(recorder.written(), 1000);
     }
 }

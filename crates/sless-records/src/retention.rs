@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sless_store::InvocationStore;
+use crate::RecordSink;
 use tokio::task::JoinHandle;
 
 /// How long and how many records are kept.
@@ -30,7 +30,7 @@ impl Default for Retention {
 /// Prunes `store` now and then every `retention.every`, until the task is aborted.
 /// Failures are logged and retried at the next tick: retention is housekeeping,
 /// and a busy database is no reason to stop the server.
-pub fn spawn_retention(store: Arc<dyn InvocationStore>, retention: Retention) -> JoinHandle<()> {
+pub fn spawn_retention(store: Arc<dyn RecordSink>, retention: Retention) -> JoinHandle<()> {
     tokio::spawn(async move {
         if retention.max_age.is_zero() && retention.max_count == 0 {
             return;

@@ -13,10 +13,11 @@ use chrono::{DateTime, Utc};
 use sless_core::{FunctionSpec, FunctionStatus};
 
 pub use invocations::{
-    DEFAULT_INVOCATION_LIMIT, InvocationFilter, InvocationRecord, InvocationSource,
-    InvocationStore, MAX_INVOCATION_LIMIT,
+    DEFAULT_INVOCATION_LIMIT, InvocationFilter, InvocationStore, MAX_INVOCATION_LIMIT,
 };
 pub use jobs::{JobRecord, JobStore};
+/// The record types, where the listing's callers expect them.
+pub use sless_core::invocation::{InvocationRecord, InvocationSource};
 pub use sqlite::SqliteStore;
 pub use storage::{CodeOwner, StorageStore};
 pub use triggers::{TriggerRecord, TriggerStore};

@@ -21,16 +21,14 @@ use sless_blob::{ArchiveLimits, BlobStore, LocalBlobStore};
 use sless_build::{BuildConfig, Builder};
 use sless_controller::Controller;
 use sless_controller::gc::{Collector, StorageConfig};
-use sless_controller::jobs::{Jobs, OnJobInvoke};
-use sless_controller::triggers::{InvokeOutcome, OnInvoke, Triggers};
+use sless_controller::jobs::Jobs;
+use sless_controller::triggers::Triggers;
 use sless_executor::{Executor, ExecutorConfig};
-use sless_gateway::HttpRoutes;
+use sless_invoke::{HttpRoutes, Invoker};
 use sless_logs::LogStore;
-use sless_records::{Recorder, RecorderConfig, Retention};
+use sless_records::{RecordSink, Recorder, RecorderConfig, Retention};
 use sless_sandbox::{Sandbox, SandboxConfig};
-use sless_store::{
-    InvocationRecord, InvocationSource, InvocationStore, JobStore, SqliteStore, Store, TriggerStore,
-};
+use sless_store::{InvocationStore, JobStore, SqliteStore, Store, TriggerStore};
 use tokio_util::sync::CancellationToken;
 
 const PYTHON_SHIM: &str = include_str!("../../../runtimes/python/sless_runtime.py");
@@ -332,6 +330,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
             .with_context(|| format!("cannot open the metadata store in {}", data_dir.display()))?,
     );
     let invocations: Arc<dyn InvocationStore> = sqlite.clone();
+    let record_sink: Arc<dyn RecordSink> = sqlite.clone();
     let trigger_store: Arc<dyn TriggerStore> = sqlite.clone();
     let job_store: Arc<dyn JobStore> = sqlite.clone();
     let storage_store: Arc<dyn sless_store::StorageStore> = sqlite.clone();
@@ -421,10 +420,10 @@ async fn build(args: ServeArgs) -> Result<Server> {
     );
     let tokens = Arc::new(Tokens::new(&admin_token, store.clone()));
     let recorder = (!args.no_invocation_records)
-        .then(|| Recorder::start(invocations.clone(), RecorderConfig::default()));
+        .then(|| Recorder::start(record_sink.clone(), RecorderConfig::default()));
     // Retention runs even with recording off, so earlier records still age out.
     let retention = sless_records::spawn_retention(
-        invocations.clone(),
+        record_sink,
         Retention {
             max_age: Duration::from_secs(args.invocation_retention_hours.saturating_mul(3600)),
             max_count: args.invocation_retention_count,
@@ -432,34 +431,21 @@ async fn build(args: ServeArgs) -> Result<Server> {
         },
     );
 
-    // Triggers and jobs invoke functions too; their invocations are recorded alike.
+    // The gateway, triggers and jobs invoke functions through one pipeline, which
+    // records every invocation alike.
+    let invoker = Arc::new(Invoker::new(
+        executor.clone(),
+        recorder.clone(),
+        controller.failed_functions(),
+    ));
     let shutdown = CancellationToken::new();
     let routes = Arc::new(HttpRoutes::default());
-    let cron_recorder = recorder.clone();
-    let on_fire: OnInvoke = Arc::new(move |req, request_id, o| {
-        if let Some(recorder) = &cron_recorder {
-            recorder.record(record(
-                &req.namespace,
-                &req.function,
-                InvocationSource::Cron,
-                request_id,
-                o,
-            ));
-        }
-    });
     let triggers = Triggers::start(
-        executor.clone(),
+        invoker.clone(),
         trigger_store.clone(),
         routes.clone(),
-        Some(on_fire),
         shutdown.clone(),
     );
-    let job_recorder = recorder.clone();
-    let on_job: OnJobInvoke = Arc::new(move |ns, function, request_id, o| {
-        if let Some(recorder) = &job_recorder {
-            recorder.record(record(ns, function, InvocationSource::Job, request_id, o));
-        }
-    });
     let collector = Collector::new(
         StorageConfig {
             interval: Duration::from_secs(args.gc_interval_sec.max(1)),
@@ -480,7 +466,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
         builder,
         executor.clone(),
         logs.clone(),
-        Some(on_job),
+        invoker.clone(),
     );
 
     let api = sless_api::router(AppState {
@@ -510,13 +496,11 @@ async fn build(args: ServeArgs) -> Result<Server> {
         allow_host_network: args.allow_host_network,
     });
     let gateway = sless_gateway::Gateway {
-        executor: executor.clone(),
+        invoker,
         authorizer: tokens,
         max_body: (args.max_body_mb * MIB) as usize,
         body_timeout: Duration::from_secs(args.body_timeout_sec),
-        recorder: recorder.clone(),
         routes,
-        failed: controller.failed_functions(),
     };
     let app =
         sless_gateway::with_fast_path(gateway.clone(), sless_gateway::router(gateway).merge(api));
@@ -658,27 +642,4 @@ fn write_shims(dir: &Path) -> Result<PathBuf> {
         std::fs::rename(&tmp, &path)?;
     }
     Ok(dir.to_path_buf())
-}
-
-/// An invocation record for a triggered or job invocation.
-fn record(
-    ns: &str,
-    function: &str,
-    source: InvocationSource,
-    request_id: &str,
-    o: &InvokeOutcome,
-) -> InvocationRecord {
-    InvocationRecord {
-        id: sless_records::new_id(),
-        namespace: ns.to_string(),
-        function: function.to_string(),
-        revision: o.revision,
-        source,
-        request_id: request_id.to_string(),
-        started_at: o.started_at,
-        duration: o.duration,
-        status: o.status,
-        cold_start: o.cold_start,
-        error: o.error.clone(),
-    }
 }

@@ -62,7 +62,7 @@ fn request(event: &'static str) -> InvokeRequest {
     InvokeRequest {
         event: Bytes::from_static(event.as_bytes()),
         request_id: "r".into(),
-        source: "http",
+        source: sless_core::invocation::InvocationSource::Http,
     }
 }
 

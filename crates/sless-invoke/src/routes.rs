@@ -1,4 +1,5 @@
-//! HTTP triggers: extra public routes `/t/{ns}/{path}` to functions.
+//! HTTP triggers' route table: extra public routes `/t/{ns}/{path}` to functions. The
+//! controller fills it from the stored triggers; the gateway resolves requests in it.
 
 use std::collections::HashMap;
 use std::sync::RwLock;
@@ -17,7 +18,7 @@ pub struct HttpRoute {
 }
 
 /// What a request to `/t/...` resolves to.
-pub(crate) enum RouteMatch {
+pub enum RouteMatch {
     Found(HttpRoute),
     MethodNotAllowed(Vec<String>),
     NotFound,
@@ -65,7 +66,7 @@ impl HttpRoutes {
             .map(|r| r.trigger.clone())
     }
 
-    pub(crate) fn resolve(&self, namespace: &str, path: &str, method: &str) -> RouteMatch {
+    pub fn resolve(&self, namespace: &str, path: &str, method: &str) -> RouteMatch {
         let all = self.by_namespace.read().unwrap_or_else(|e| e.into_inner());
         let Some(routes) = all.get(namespace) else {
             return RouteMatch::NotFound;

@@ -1,5 +1,5 @@
 //! Functions that exist but cannot serve because their latest revision failed,
-//! kept in memory for the invoke path so that their URL says so (`503` with the
+//! kept in memory for the invoke path so that every invoker says so (`503` with the
 //! reason) instead of claiming they do not exist.
 
 use std::collections::HashMap;
@@ -14,8 +14,8 @@ pub struct Failure {
 }
 
 /// `(namespace, name)` → the failure of a function with nothing to serve. The
-/// controller writes it; the gateway reads it only after the executor said the
-/// function has no pool, so the hot path never looks here.
+/// controller writes it; the [`Invoker`](crate::Invoker) reads it only after the
+/// executor said the function has no pool, so the hot path never looks here.
 #[derive(Debug, Default)]
 pub struct FailedFunctions {
     by_key: RwLock<HashMap<(String, String), Failure>>,
@@ -46,6 +46,7 @@ impl FailedFunctions {
             .retain(|(ns, _), _| ns != namespace);
     }
 
+    /// The failure of `namespace/name`, if it failed and has nothing to serve.
     pub fn get(&self, namespace: &str, name: &str) -> Option<Failure> {
         self.by_key
             .read()

@@ -1,0 +1,362 @@
+//! The invocation pipeline: "invoke function X for source S and record it", in one
+//! place for every invoker (the gateway's `/fn/` and `/t/`, the API's `/invoke`,
+//! cron, jobs, and the queue, device and async invokers to come).
+//!
+//! An invoker describes the call ([`Call`]: namespace, function, source, request id,
+//! event) and hands it to the [`Invoker`], which starts the record's clock, calls the
+//! executor and answers with an [`Outcome`]. The outcome's status comes from one
+//! table ([`status_of`]), and [`Outcome::finish`] builds the record, once, and hands
+//! it to the [`Recorder`]. A caller that answers with a status of its own (the
+//! gateway maps a handler's `statusCode`) finishes with that status; the others
+//! take [`Invoker::run`], which finishes with the pipeline's status.
+//!
+//! Invariant: nothing here touches the metadata store. With recording off nothing is
+//! timed, allocated or sent for the record.
+
+mod failed;
+mod record;
+mod routes;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use sless_core::invocation::{InvocationRecord, InvocationSource};
+use sless_executor::{Executor, InvokeError, InvokeRequest, InvokeResponse};
+use sless_records::Recorder;
+
+pub use failed::{FailedFunctions, Failure};
+pub use record::{MAX_ERROR_LEN, handler_error};
+pub use routes::{HttpRoute, HttpRoutes, RouteMatch};
+
+/// The status a handler's exception answers with (unless the caller maps the
+/// handler's answer itself, as the gateway does).
+pub const HANDLER_ERROR_STATUS: u16 = 500;
+
+/// The status and error code of a platform failure: the one table every invoker uses.
+pub fn status_of(e: &InvokeError) -> (u16, &'static str) {
+    match e {
+        InvokeError::NotFound => (404, "not_found"),
+        InvokeError::Paused(_) => (503, "paused"),
+        InvokeError::Unavailable(_) => (503, "unavailable"),
+        InvokeError::Timeout { .. } => (504, "timeout"),
+        InvokeError::InstanceFailed(_) => (502, "instance_failed"),
+    }
+}
+
+/// Errors preparing a call.
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    /// The event could not be encoded as JSON; nothing was invoked.
+    #[error("the event could not be encoded as JSON: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// An event as the instance protocol carries it: JSON bytes.
+pub fn encode_event(event: &serde_json::Value) -> Result<Bytes, EventError> {
+    Ok(Bytes::from(serde_json::to_vec(event)?))
+}
+
+/// A fresh request id: 32 lower-case hex digits.
+pub fn new_request_id() -> String {
+    let mut hex = [0u8; 32];
+    // 16 bytes always fit 32 hex digits, which are ASCII.
+    let _ = hex::encode_to_slice(rand::random::<u128>().to_be_bytes(), &mut hex);
+    String::from_utf8_lossy(&hex).into_owned()
+}
+
+/// One call to make: which function, for which source, with which event.
+#[derive(Debug, Clone)]
+pub struct Call<'a> {
+    pub namespace: &'a str,
+    /// The executor's pool to invoke (a function, or a job's private pool).
+    pub function: &'a str,
+    pub source: InvocationSource,
+    /// The request id the instance tags its output with, and the record keeps.
+    pub request_id: &'a str,
+    /// The event, already encoded as JSON (see [`encode_event`]).
+    pub event: Bytes,
+    /// The name the record carries, when it is not `function` (a job's run
+    /// records the function it ran, or its pool for its own code).
+    pub recorded_as: Option<&'a str>,
+}
+
+impl<'a> Call<'a> {
+    pub fn new(
+        namespace: &'a str,
+        function: &'a str,
+        source: InvocationSource,
+        request_id: &'a str,
+        event: Bytes,
+    ) -> Self {
+        Self {
+            namespace,
+            function,
+            source,
+            request_id,
+            event,
+            recorded_as: None,
+        }
+    }
+
+    /// Records the call under `name` instead of the pool it invokes.
+    pub fn recorded_as(mut self, name: &'a str) -> Self {
+        self.recorded_as = Some(name);
+        self
+    }
+}
+
+/// What a function's name resolves to before a call (for the gateway, which must
+/// check a private function's token before reading the body).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A pool serves it.
+    Serving { private: bool },
+    /// It exists but its latest revision failed and nothing serves it.
+    Failed(Failure),
+}
+
+/// Invokes functions and records their invocations; see the crate's documentation.
+pub struct Invoker {
+    executor: Arc<Executor>,
+    /// `None` when recording is off.
+    recorder: Option<Arc<Recorder>>,
+    failed: Arc<FailedFunctions>,
+}
+
+impl Invoker {
+    pub fn new(
+        executor: Arc<Executor>,
+        recorder: Option<Arc<Recorder>>,
+        failed: Arc<FailedFunctions>,
+    ) -> Self {
+        Self {
+            executor,
+            recorder,
+            failed,
+        }
+    }
+
+    /// The executor calls go to (for prewarming and deploying, which are not invocations).
+    pub fn executor(&self) -> &Arc<Executor> {
+        &self.executor
+    }
+
+    /// Whether `namespace/name` can be invoked, and whether it is private; `None`
+    /// when no function of that name serves or failed.
+    pub fn target(&self, namespace: &str, name: &str) -> Option<Target> {
+        match self.executor.is_private(namespace, name) {
+            Some(private) => Some(Target::Serving { private }),
+            None => self.failed.get(namespace, name).map(Target::Failed),
+        }
+    }
+
+    /// Invokes the call's function. The outcome is recorded when it is finished.
+    pub async fn invoke<'a>(&'a self, mut call: Call<'a>) -> Outcome<'a> {
+        let pipeline = self.pipeline();
+        let started = pipeline.start();
+        let request = InvokeRequest {
+            // The record needs the rest of the call; the event goes to the instance.
+            event: std::mem::take(&mut call.event),
+            request_id: call.request_id.to_string(),
+            source: call.source,
+        };
+        let result = self
+            .executor
+            .invoke(call.namespace, call.function, request)
+            .await;
+        pipeline.conclude(&call, started, result)
+    }
+
+    /// Invokes the call's function and records it with the pipeline's status
+    /// ([`Outcome::status`]): for invokers with no answer of their own to give
+    /// (cron, jobs, queues).
+    pub async fn run(&self, call: Call<'_>) -> Finished {
+        let outcome = self.invoke(call).await;
+        let status = outcome.status();
+        let error = outcome.error();
+        let result = outcome.finish_with(status, error.clone());
+        Finished {
+            result,
+            status,
+            error,
+        }
+    }
+
+    fn pipeline(&self) -> Pipeline<'_> {
+        Pipeline {
+            recorder: self.recorder.as_deref(),
+            failed: &self.failed,
+        }
+    }
+}
+
+/// The parts of an invocation around the executor's call: starting the record's
+/// clock, and turning the executor's answer into an [`Outcome`].
+#[derive(Clone, Copy)]
+struct Pipeline<'a> {
+    recorder: Option<&'a Recorder>,
+    failed: &'a FailedFunctions,
+}
+
+impl<'a> Pipeline<'a> {
+    /// The record's start; `None` (nothing timed) when recording is off.
+    fn start(self) -> Option<Started> {
+        self.recorder.is_some().then(Started::now)
+    }
+
+    fn conclude(
+        self,
+        call: &Call<'a>,
+        started: Option<Started>,
+        result: Result<InvokeResponse, InvokeError>,
+    ) -> Outcome<'a> {
+        let result = match result {
+            Err(InvokeError::NotFound) => Err(self.not_serving(call.namespace, call.function)),
+            other => other,
+        };
+        Outcome {
+            result,
+            recorder: self.recorder,
+            started,
+            namespace: call.namespace,
+            function: call.recorded_as.unwrap_or(call.function),
+            source: call.source,
+            request_id: call.request_id,
+        }
+    }
+
+    /// The error for a function no pool serves: its failure when it failed,
+    /// otherwise [`InvokeError::NotFound`].
+    fn not_serving(self, namespace: &str, name: &str) -> InvokeError {
+        match self.failed.get(namespace, name) {
+            Some(failure) => failed_error(namespace, name, &failure),
+            None => InvokeError::NotFound,
+        }
+    }
+}
+
+/// The error every invoker reports for a function whose latest revision failed:
+/// `503 unavailable` with the reason. A start failure keeps its text as the
+/// executor words it (`… could not start: …`), so public callers get the same
+/// summary of it as of a start failing during a call.
+pub fn failed_error(namespace: &str, name: &str, failure: &Failure) -> InvokeError {
+    if failure.message.contains(" could not start") {
+        InvokeError::Unavailable(failure.message.clone())
+    } else {
+        InvokeError::Unavailable(format!(
+            "function {namespace}/{name} failed: {}",
+            failure.message
+        ))
+    }
+}
+
+/// When an invocation started: the wall clock for the record, a monotonic one for
+/// its duration.
+#[derive(Debug, Clone, Copy)]
+struct Started {
+    at: DateTime<Utc>,
+    clock: Instant,
+}
+
+impl Started {
+    fn now() -> Self {
+        Self {
+            at: Utc::now(),
+            clock: Instant::now(),
+        }
+    }
+}
+
+/// What an invocation came to, not yet recorded: finish it with the status the
+/// caller answered with.
+#[must_use = "an outcome is recorded only when finished"]
+pub struct Outcome<'a> {
+    /// The executor's answer. A caller that learns more than the executor did (the
+    /// API knows a function with no pool that exists in the store) may replace the
+    /// error before finishing.
+    pub result: Result<InvokeResponse, InvokeError>,
+    recorder: Option<&'a Recorder>,
+    /// `None` when recording is off.
+    started: Option<Started>,
+    namespace: &'a str,
+    function: &'a str,
+    source: InvocationSource,
+    request_id: &'a str,
+}
+
+impl Outcome<'_> {
+    /// The pipeline's status: 200 for an answer, [`HANDLER_ERROR_STATUS`] for a
+    /// handler's exception, [`status_of`] for a platform failure.
+    pub fn status(&self) -> u16 {
+        match &self.result {
+            Ok(r) if r.ok => 200,
+            Ok(_) => HANDLER_ERROR_STATUS,
+            Err(e) => status_of(e).0,
+        }
+    }
+
+    /// The error the record keeps: the handler's exception message, or the
+    /// platform's reason; `None` when the handler answered.
+    pub fn error(&self) -> Option<String> {
+        record::error_of(&self.result)
+    }
+
+    /// Records the invocation as answered with `status` and gives back the result.
+    /// A function that does not exist ([`InvokeError::NotFound`]) leaves no record.
+    pub fn finish(self, status: u16) -> Result<InvokeResponse, InvokeError> {
+        if self.started.is_none() {
+            return self.result;
+        }
+        let error = self.error();
+        self.finish_with(status, error)
+    }
+
+    fn finish_with(
+        self,
+        status: u16,
+        error: Option<String>,
+    ) -> Result<InvokeResponse, InvokeError> {
+        if let (Some(recorder), Some(record)) = (self.recorder, self.record(status, error)) {
+            recorder.record(record);
+        }
+        self.result
+    }
+
+    /// The record of this outcome answered with `status`: the one place records are
+    /// built. `None` when recording is off or the function does not exist.
+    fn record(&self, status: u16, error: Option<String>) -> Option<InvocationRecord> {
+        let started = self.started?;
+        let (revision, cold_start) = match &self.result {
+            Ok(r) => (r.revision, r.cold_start),
+            Err(InvokeError::NotFound) => return None,
+            Err(_) => (0, false),
+        };
+        Some(InvocationRecord {
+            id: sless_records::new_id(),
+            namespace: self.namespace.to_string(),
+            function: self.function.to_string(),
+            revision,
+            source: self.source,
+            request_id: self.request_id.to_string(),
+            started_at: started.at,
+            duration: started.clock.elapsed(),
+            status,
+            cold_start,
+            error: error.map(record::truncate),
+        })
+    }
+}
+
+/// A finished invocation of [`Invoker::run`]: its result, and the status and error
+/// it was recorded with (for a trigger's or job's own status).
+#[derive(Debug)]
+pub struct Finished {
+    pub result: Result<InvokeResponse, InvokeError>,
+    pub status: u16,
+    pub error: Option<String>,
+}
+
+#[cfg(test)]
+mod tests;
