@@ -120,6 +120,7 @@ pub async fn create(
         },
         revision: 1,
         code_sha256: None,
+        generation: 1,
         created_at: now,
         updated_at: now,
     };
@@ -191,7 +192,7 @@ pub async fn patch(
     let before = s.store.get_function(&ns, &name).await?;
     let record = s
         .store
-        .update_function(&ns, &name, FunctionChange::Patch(body))
+        .update_function(&ns, &name, None, FunctionChange::Patch(body))
         .await?;
     if record.revision != before.revision {
         s.controller.enqueue(&ns, &name);
@@ -291,7 +292,7 @@ pub async fn upload_code(
     let (sha, stored) = store_archive(&s, archive, &ns, CodeOwner::Function(&name)).await?;
     let record = s
         .store
-        .update_function(&ns, &name, FunctionChange::Code(sha.clone()))
+        .update_function(&ns, &name, None, FunctionChange::Code(sha.clone()))
         .await?;
     if stored != Stored::Existing {
         // The archive was missing or corrupt and is whole again: functions that

@@ -102,6 +102,7 @@ pub async fn create(
         spec,
         status,
         code_sha256: None,
+        generation: 1,
         created_at: now,
         updated_at: now,
     };
@@ -167,7 +168,13 @@ pub async fn patch(
     } else {
         current.status.clone()
     };
-    s.job_store.update_job(&ns, &name, &spec, &status).await?;
+    s.job_store
+        .update_job(&ns, &name, None, &mut |job| {
+            job.spec = spec.clone();
+            job.status = status.clone();
+            Ok(())
+        })
+        .await?;
     // Read before the new run starts: the answer shows the state this PATCH wrote
     // (a fast run could otherwise already be over).
     let job = s.job_store.get_job(&ns, &name).await?;
@@ -228,7 +235,7 @@ pub async fn upload_code(
     let (sha, _) =
         crate::functions::store_archive(&s, archive, &ns, sless_store::CodeOwner::Job(&name))
             .await?;
-    s.job_store.set_job_code(&ns, &name, &sha).await?;
+    s.job_store.set_job_code(&ns, &name, &sha, None).await?;
     if job.spec.run_id != 0
         && !(job.status.run_id == job.spec.run_id && job.status.phase.is_terminal())
     {

@@ -98,6 +98,7 @@ pub async fn create(
         name,
         spec,
         status: TriggerStatus::default(),
+        generation: 1,
         created_at: now,
         updated_at: now,
     };
@@ -138,7 +139,10 @@ pub async fn patch(
     check(&s, &ns, &name, &mut spec).await?;
     let record = s
         .trigger_store
-        .update_trigger_spec(&ns, &name, &spec)
+        .update_trigger(&ns, &name, None, &mut |t| {
+            t.spec = spec.clone();
+            Ok(())
+        })
         .await?;
     s.triggers.apply(&record);
     Ok(Json(trigger_json(&s, &record)))

@@ -65,6 +65,7 @@ impl FakeStore {
             spec: spec(),
             status: FunctionStatus::default(),
             revision: 0,
+            generation: 1,
             code_sha256: None,
             created_at: now,
             updated_at: now,
@@ -161,6 +162,7 @@ impl Store for FakeStore {
         &self,
         _namespace: &str,
         name: &str,
+        _expect: Option<u64>,
         _change: FunctionChange,
     ) -> Result<FunctionRecord, StoreError> {
         Err(unused(name))

@@ -6,7 +6,8 @@ use sless_core::{JobSpec, JobStatus};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use crate::{Result, SqliteStore, StoreError, stamp, time};
+use crate::cas::Cas;
+use crate::{Edit, Result, SqliteStore, StoreError, stamp, time};
 
 /// A job as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,6 +18,10 @@ pub struct JobRecord {
     pub status: JobStatus,
     /// SHA-256 of a self-contained job's archive, once uploaded.
     pub code_sha256: Option<String>,
+    /// Grows by one with every change of the spec or the code (through
+    /// [`JobStore::update_job`] or [`JobStore::set_job_code`]); the runner's status
+    /// writes leave it alone. A new job is at 1, whatever the record passed to create says.
+    pub generation: u64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -26,19 +31,35 @@ pub trait JobStore: Send + Sync + 'static {
     async fn create_job(&self, record: &JobRecord) -> Result<()>;
     async fn get_job(&self, namespace: &str, name: &str) -> Result<JobRecord>;
     async fn list_jobs(&self, namespace: Option<&str>) -> Result<Vec<JobRecord>>;
-    /// Replaces spec and status together (a patch that may start a new run).
+    /// Changes the job by `edit` (given the current record) and returns the record
+    /// as it now stands (its status as `edit` left it). Spec and code are written,
+    /// and the status if `edit` changed it (a patch that starts a new run), but only
+    /// when the spec or the code changed: then the generation grows. An edit of the
+    /// status alone writes nothing (that is [`JobStore::set_job_status`]). A compare-and-swap on the generation:
+    /// with `expect`, only if the job is still at that generation (else
+    /// [`StoreError::PreconditionFailed`]); without, `edit` runs again on the newer
+    /// record when a concurrent writer got there first, so no edit is lost.
     async fn update_job(
         &self,
         namespace: &str,
         name: &str,
-        spec: &JobSpec,
-        status: &JobStatus,
-    ) -> Result<()>;
+        expect: Option<u64>,
+        edit: &mut Edit<'_, JobRecord>,
+    ) -> Result<JobRecord>;
     /// Records a run's progress; ignored (returns `false`) if the job has moved on
     /// to another `run_id` meanwhile, so a stale run never overwrites a new one.
+    /// The generation stays.
     async fn set_job_status(&self, namespace: &str, name: &str, status: &JobStatus)
     -> Result<bool>;
-    async fn set_job_code(&self, namespace: &str, name: &str, sha256: &str) -> Result<()>;
+    /// Names the job's uploaded archive, through [`JobStore::update_job`] (the same
+    /// archive again changes nothing).
+    async fn set_job_code(
+        &self,
+        namespace: &str,
+        name: &str,
+        sha256: &str,
+        expect: Option<u64>,
+    ) -> Result<JobRecord>;
     async fn delete_job(&self, namespace: &str, name: &str) -> Result<()>;
 }
 
@@ -49,6 +70,7 @@ fn from_row(row: &SqliteRow) -> Result<JobRecord> {
         spec: serde_json::from_str(row.try_get::<&str, _>("spec")?)?,
         status: serde_json::from_str(row.try_get::<&str, _>("status")?)?,
         code_sha256: row.try_get("code_sha256")?,
+        generation: row.try_get::<i64, _>("generation")? as u64,
         created_at: time(row.try_get::<&str, _>("created_at")?),
         updated_at: time(row.try_get::<&str, _>("updated_at")?),
     })
@@ -106,26 +128,53 @@ impl JobStore for SqliteStore {
         &self,
         namespace: &str,
         name: &str,
-        spec: &JobSpec,
-        status: &JobStatus,
-    ) -> Result<()> {
-        let done = sqlx::query(
-            "UPDATE jobs SET spec = ?, status = ?, updated_at = ? WHERE namespace = ? AND name = ?",
-        )
-        .bind(serde_json::to_string(spec)?)
-        .bind(serde_json::to_string(status)?)
-        .bind(stamp(Utc::now()))
-        .bind(namespace)
-        .bind(name)
-        .execute(self.pool())
-        .await?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound {
-                kind: "job",
-                name: name.to_string(),
-            });
+        expect: Option<u64>,
+        edit: &mut Edit<'_, JobRecord>,
+    ) -> Result<JobRecord> {
+        let mut cas = Cas::new("job", name, expect);
+        loop {
+            let current = self.get_job(namespace, name).await?;
+            cas.check(current.generation)?;
+            let mut edited = current.clone();
+            edit(&mut edited)?;
+            if edited.spec == current.spec && edited.code_sha256 == current.code_sha256 {
+                return Ok(current);
+            }
+            let record = JobRecord {
+                spec: edited.spec,
+                status: edited.status,
+                code_sha256: edited.code_sha256,
+                generation: current.generation + 1,
+                updated_at: Utc::now(),
+                ..current.clone()
+            };
+            // The runner's status writes do not move the generation, so the status is
+            // written only when the edit changed it (a new run): an edit of the spec
+            // alone must not put back a status read before the runner's last write.
+            let status = if record.status != current.status {
+                Some(serde_json::to_string(&record.status)?)
+            } else {
+                None
+            };
+            let done = sqlx::query(
+                "UPDATE jobs SET spec = ?, status = coalesce(?, status), code_sha256 = ?, generation = ?, \
+                 updated_at = ? WHERE namespace = ? AND name = ? AND generation = ?",
+            )
+            .bind(serde_json::to_string(&record.spec)?)
+            .bind(status)
+            .bind(&record.code_sha256)
+            .bind(record.generation as i64)
+            .bind(stamp(record.updated_at))
+            .bind(namespace)
+            .bind(name)
+            .bind(current.generation as i64)
+            .execute(self.pool())
+            .await?;
+            if done.rows_affected() == 1 {
+                return Ok(record);
+            }
+            cas.lost().await?;
         }
-        Ok(())
     }
 
     async fn set_job_status(
@@ -146,23 +195,18 @@ impl JobStore for SqliteStore {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn set_job_code(&self, namespace: &str, name: &str, sha256: &str) -> Result<()> {
-        let done = sqlx::query(
-            "UPDATE jobs SET code_sha256 = ?, updated_at = ? WHERE namespace = ? AND name = ?",
-        )
-        .bind(sha256)
-        .bind(stamp(Utc::now()))
-        .bind(namespace)
-        .bind(name)
-        .execute(self.pool())
-        .await?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound {
-                kind: "job",
-                name: name.to_string(),
-            });
-        }
-        Ok(())
+    async fn set_job_code(
+        &self,
+        namespace: &str,
+        name: &str,
+        sha256: &str,
+        expect: Option<u64>,
+    ) -> Result<JobRecord> {
+        self.update_job(namespace, name, expect, &mut |job| {
+            job.code_sha256 = Some(sha256.to_string());
+            Ok(())
+        })
+        .await
     }
 
     async fn delete_job(&self, namespace: &str, name: &str) -> Result<()> {

@@ -1,7 +1,14 @@
 //! The metadata store: namespaces, functions and tokens. [`Store`] is the seam;
 //! [`SqliteStore`] is the embedded default. A PostgreSQL adapter implements the
 //! same trait without callers changing.
+//!
+//! Functions, triggers and jobs carry a `generation` that grows by one with every
+//! change of their spec or code (never with the status the server reports about
+//! them). Every such change is a compare-and-swap on it, retried internally when
+//! another writer got there first, and a caller can make it conditional on the
+//! generation it last saw (`If-Match`).
 
+mod cas;
 mod invocations;
 mod jobs;
 mod sqlite;
@@ -31,6 +38,23 @@ pub enum StoreError {
     /// An object with that name exists already.
     #[error("{kind} {name:?} already exists")]
     Conflict { kind: &'static str, name: String },
+    /// The update was conditional on a generation the object no longer has: it
+    /// changed since the caller read it. Nothing was written; `current` is the
+    /// generation it has now. Never retried by the store.
+    #[error("{kind} {name:?} has changed (it is at generation {current})")]
+    PreconditionFailed {
+        kind: &'static str,
+        name: String,
+        current: u64,
+    },
+    /// Other writers kept changing the object while this update was being applied,
+    /// more often than the store retries; nothing was written and the caller may try again.
+    #[error("{kind} {name:?} is being changed by others; try again")]
+    Contended { kind: &'static str, name: String },
+    /// The caller's edit refused the change; its own error, handed back untouched
+    /// (downcast it to recover the caller's type).
+    #[error("{0}")]
+    Rejected(Box<dyn std::error::Error + Send + Sync>),
     /// The namespace still holds functions and `force` was not given.
     #[error("namespace {0:?} is not empty")]
     NotEmpty(String),
@@ -70,6 +94,15 @@ impl StoreError {
     }
 }
 
+impl From<sless_core::patch::PatchError> for StoreError {
+    fn from(e: sless_core::patch::PatchError) -> Self {
+        match e.into_validation() {
+            Ok(invalid) => StoreError::Invalid(invalid),
+            Err(e) => StoreError::Corrupt(e),
+        }
+    }
+}
+
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// A namespace.
@@ -91,9 +124,20 @@ pub struct FunctionRecord {
     pub revision: u64,
     /// SHA-256 of the latest uploaded archive, if any code was uploaded.
     pub code_sha256: Option<String>,
+    /// Grows by one with every change of the spec or the code (every update through
+    /// [`Store::update_function`] that changes something); status writes leave it
+    /// alone. A new function is at 1, whatever the record passed to create says.
+    pub generation: u64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
+
+/// An edit of a stored record, for the compare-and-swap updates of triggers and jobs:
+/// it changes the record it is given (the current one) in place. It may run more
+/// than once (once per attempt, each time on a fresh copy of the then current
+/// record), so it must not have side effects beyond its own captured state. Its
+/// error is returned as is; wrap a foreign error in [`StoreError::Rejected`].
+pub type Edit<'a, R> = dyn FnMut(&mut R) -> Result<()> + Send + 'a;
 
 /// How a function changed, for [`Store::update_function`].
 #[derive(Debug, Clone)]
@@ -102,9 +146,10 @@ pub enum FunctionChange {
     Spec(FunctionSpec),
     /// New code: the revision grows only when the archive differs from the current one.
     Code(String),
-    /// A JSON merge patch of the spec, applied and validated under the store's
-    /// write lock so concurrent patches never lose each other's edits. The revision
-    /// grows only when the spec actually changes.
+    /// A JSON merge patch of the spec, applied and validated against the current
+    /// spec (again, should another writer change it meanwhile), so concurrent
+    /// patches never lose each other's edits. The revision grows only when the spec
+    /// actually changes.
     Patch(serde_json::Value),
 }
 
@@ -125,17 +170,22 @@ pub trait Store: Send + Sync + 'static {
     async fn get_function(&self, namespace: &str, name: &str) -> Result<FunctionRecord>;
     /// Functions of one namespace, or of all when `None`, ordered by namespace and name.
     async fn list_functions(&self, namespace: Option<&str>) -> Result<Vec<FunctionRecord>>;
-    /// Applies a change and returns the record as it now stands. Changes to one
-    /// function are serialised, so concurrent writers never lose each other's edits.
+    /// Applies a change and returns the record as it now stands. A change that
+    /// changes something bumps `revision` and `generation`; one that changes nothing
+    /// writes nothing. It is a compare-and-swap on the generation: with `expect`,
+    /// only if the function is still at that generation (else
+    /// [`StoreError::PreconditionFailed`]); without, it is applied to whatever is
+    /// current, recomputed when a concurrent writer got there first, so no edit is lost.
     async fn update_function(
         &self,
         namespace: &str,
         name: &str,
+        expect: Option<u64>,
         change: FunctionChange,
     ) -> Result<FunctionRecord>;
     /// Records the controller's view of `revision`. Ignored (returns `false`) when
     /// the function has moved on to a newer revision meanwhile, so a slow build of
-    /// old code can never overwrite the status of newer code.
+    /// old code can never overwrite the status of newer code. The generation stays.
     async fn set_status(
         &self,
         namespace: &str,

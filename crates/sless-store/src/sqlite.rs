@@ -9,15 +9,20 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
 use sqlx::{Row, SqlitePool};
-use tokio::sync::Mutex;
 
+use crate::cas::Cas;
 use crate::{FunctionChange, FunctionRecord, Namespace, Result, Store, StoreError, time};
 
 /// Metadata in one SQLite file.
+///
+/// No lock of its own: read-modify-write updates are compare-and-swaps on the
+/// object's generation (see [`crate::cas`]), and SQLite serialises the writes, each
+/// waiting up to the busy timeout for the one writer's lock. The one transaction
+/// that reads before it writes (deleting a namespace) starts with `BEGIN IMMEDIATE`,
+/// so it holds the write lock from its first read and cannot fail with
+/// `SQLITE_BUSY` when another connection wrote since that read.
 pub struct SqliteStore {
     pool: SqlitePool,
-    /// Serialises read-modify-write updates of functions (SQLite has one writer anyway).
-    write: Mutex<()>,
 }
 
 impl SqliteStore {
@@ -35,10 +40,7 @@ impl SqliteStore {
             .connect_with(options)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self {
-            pool,
-            write: Mutex::new(()),
-        })
+        Ok(Self { pool })
     }
 
     /// The connection pool, for the other record kinds kept in the same database.
@@ -54,10 +56,7 @@ impl SqliteStore {
             .connect_with(options)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self {
-            pool,
-            write: Mutex::new(()),
-        })
+        Ok(Self { pool })
     }
 }
 
@@ -76,6 +75,7 @@ fn function_from_row(row: &SqliteRow) -> Result<FunctionRecord> {
         status: serde_json::from_str(&status)?,
         revision: revision as u64,
         code_sha256: row.try_get("code_sha256")?,
+        generation: row.try_get::<i64, _>("generation")? as u64,
         created_at: time(row.try_get::<&str, _>("created_at")?),
         updated_at: time(row.try_get::<&str, _>("updated_at")?),
     })
@@ -84,7 +84,7 @@ fn function_from_row(row: &SqliteRow) -> Result<FunctionRecord> {
 /// The columns of a function row, in the order `function_from_row` reads them.
 macro_rules! function_columns {
     () => {
-        "namespace, name, spec, status, revision, code_sha256, created_at, updated_at"
+        "namespace, name, spec, status, revision, code_sha256, generation, created_at, updated_at"
     };
 }
 
@@ -139,8 +139,7 @@ impl Store for SqliteStore {
     }
 
     async fn delete_namespace(&self, name: &str, force: bool) -> Result<Vec<FunctionRecord>> {
-        let _w = self.write.lock().await;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let exists = sqlx::query("SELECT 1 FROM namespaces WHERE name = ?")
             .bind(name)
             .fetch_optional(&mut *tx)
@@ -192,7 +191,7 @@ impl Store for SqliteStore {
         let result = sqlx::query(concat!(
             "INSERT INTO functions (",
             function_columns!(),
-            ") VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            ") VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)"
         ))
         .bind(&r.namespace)
         .bind(&r.name)
@@ -253,43 +252,44 @@ impl Store for SqliteStore {
         &self,
         namespace: &str,
         name: &str,
+        expect: Option<u64>,
         change: FunctionChange,
     ) -> Result<FunctionRecord> {
-        let _w = self.write.lock().await;
-        let mut record = self.get_function(namespace, name).await?;
-        match change {
-            FunctionChange::Spec(spec) => {
-                if spec == record.spec {
-                    return Ok(record);
-                }
-                record.spec = spec;
+        let mut cas = Cas::new("function", name, expect);
+        loop {
+            let current = self.get_function(namespace, name).await?;
+            cas.check(current.generation)?;
+            let mut record = current.clone();
+            match &change {
+                FunctionChange::Spec(spec) => record.spec = spec.clone(),
+                FunctionChange::Patch(patch) => record.spec = apply_patch(&current.spec, patch)?,
+                FunctionChange::Code(sha) => record.code_sha256 = Some(sha.clone()),
             }
-            FunctionChange::Patch(patch) => {
-                let spec = apply_patch(&record.spec, &patch)?;
-                if spec == record.spec {
-                    return Ok(record);
-                }
-                record.spec = spec;
+            if record.spec == current.spec && record.code_sha256 == current.code_sha256 {
+                return Ok(current);
             }
-            FunctionChange::Code(sha) => {
-                if record.code_sha256.as_deref() == Some(sha.as_str()) {
-                    return Ok(record);
-                }
-                record.code_sha256 = Some(sha);
-            }
-        }
-        record.revision += 1;
-        record.updated_at = Utc::now();
-        sqlx::query("UPDATE functions SET spec = ?, code_sha256 = ?, revision = ?, updated_at = ? WHERE namespace = ? AND name = ?")
+            record.revision += 1;
+            record.generation += 1;
+            record.updated_at = Utc::now();
+            let done = sqlx::query(
+                "UPDATE functions SET spec = ?, code_sha256 = ?, revision = ?, generation = ?, updated_at = ? \
+                 WHERE namespace = ? AND name = ? AND generation = ?",
+            )
             .bind(serde_json::to_string(&record.spec)?)
             .bind(&record.code_sha256)
             .bind(record.revision as i64)
+            .bind(record.generation as i64)
             .bind(crate::stamp(record.updated_at))
             .bind(namespace)
             .bind(name)
+            .bind(current.generation as i64)
             .execute(&self.pool)
             .await?;
-        Ok(record)
+            if done.rows_affected() == 1 {
+                return Ok(record);
+            }
+            cas.lost().await?;
+        }
     }
 
     async fn set_status(
@@ -356,26 +356,7 @@ fn apply_patch(
             sless_core::ValidationError::new("body", "a patch must be a JSON object").into(),
         );
     };
-    if let Some(unknown) = fields
-        .keys()
-        .find(|k| !sless_core::function::SPEC_FIELDS.contains(&k.as_str()))
-    {
-        return Err(sless_core::ValidationError::new(
-            unknown.clone(),
-            "unknown field (it cannot be changed with PATCH)",
-        )
-        .into());
-    }
-    let mut doc = serde_json::to_value(spec)?;
-    sless_core::patch::merge(&mut doc, patch);
-    let mut patched: sless_core::FunctionSpec =
-        serde_path_to_error::deserialize(doc).map_err(|e| {
-            let field = e.path().to_string();
-            sless_core::ValidationError::new(
-                if field == "." { "body".into() } else { field },
-                e.into_inner().to_string(),
-            )
-        })?;
+    let mut patched = sless_core::patch::apply(spec, patch, sless_core::function::SPEC_FIELDS)?;
     let family = |r: &str| sless_core::Runtime::parse(r).ok().map(|r| r.family);
     if !fields.contains_key("entrypoint") && family(&patched.runtime) != family(&spec.runtime) {
         // Moving to another language without naming an entrypoint takes its default.
@@ -401,6 +382,7 @@ mod tests {
             status: FunctionStatus::default(),
             revision: 1,
             code_sha256: None,
+            generation: 1,
             created_at: Utc::now(),
             updated_at: Utc::now(),
         }
@@ -451,17 +433,17 @@ mod tests {
             .await
             .unwrap();
         let r = store
-            .update_function("default", "f", FunctionChange::Code("aa".into()))
+            .update_function("default", "f", None, FunctionChange::Code("aa".into()))
             .await
             .unwrap();
         assert_eq!(r.revision, 2);
         let r = store
-            .update_function("default", "f", FunctionChange::Code("aa".into()))
+            .update_function("default", "f", None, FunctionChange::Code("aa".into()))
             .await
             .unwrap();
         assert_eq!(r.revision, 2);
         let r = store
-            .update_function("default", "f", FunctionChange::Code("bb".into()))
+            .update_function("default", "f", None, FunctionChange::Code("bb".into()))
             .await
             .unwrap();
         assert_eq!(r.revision, 3);
@@ -494,6 +476,7 @@ mod tests {
             .update_function(
                 "default",
                 "f",
+                None,
                 FunctionChange::Patch(serde_json::json!({"env": {"A": "x"}})),
             )
             .await
@@ -503,6 +486,7 @@ mod tests {
             .update_function(
                 "default",
                 "f",
+                None,
                 FunctionChange::Patch(serde_json::json!({"memory_mb": 256})),
             )
             .await
@@ -515,6 +499,7 @@ mod tests {
             .update_function(
                 "default",
                 "f",
+                None,
                 FunctionChange::Patch(serde_json::json!({"memory_mb": 256})),
             )
             .await
@@ -524,6 +509,7 @@ mod tests {
             .update_function(
                 "default",
                 "f",
+                None,
                 FunctionChange::Patch(serde_json::json!({"bogus": 1})),
             )
             .await
@@ -533,6 +519,7 @@ mod tests {
             .update_function(
                 "default",
                 "f",
+                None,
                 FunctionChange::Patch(serde_json::json!({"memory_mb": 1})),
             )
             .await
@@ -542,6 +529,7 @@ mod tests {
             .update_function(
                 "default",
                 "f",
+                None,
                 FunctionChange::Patch(serde_json::json!({"memory_mb": null})),
             )
             .await

@@ -172,12 +172,13 @@ mod tests {
                 status: Default::default(),
                 revision: 1,
                 code_sha256: None,
+                generation: 1,
                 created_at: now,
                 updated_at: now,
             };
             store.create_function(&r).await.unwrap();
             store
-                .update_function(ns, name, FunctionChange::Code(sha(code)))
+                .update_function(ns, name, None, FunctionChange::Code(sha(code)))
                 .await
                 .unwrap();
         }
@@ -188,6 +189,7 @@ mod tests {
                 spec: serde_json::from_value(serde_json::json!({"runtime": "python3"})).unwrap(),
                 status: Default::default(),
                 code_sha256: Some(sha('4')),
+                generation: 1,
                 created_at: now,
                 updated_at: now,
             })

@@ -6,7 +6,8 @@ use sless_core::{TriggerSpec, TriggerStatus};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use crate::{Result, SqliteStore, StoreError, stamp, time};
+use crate::cas::Cas;
+use crate::{Edit, Result, SqliteStore, StoreError, stamp, time};
 
 /// A trigger as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -15,6 +16,10 @@ pub struct TriggerRecord {
     pub name: String,
     pub spec: TriggerSpec,
     pub status: TriggerStatus,
+    /// Grows by one with every change of the spec (through
+    /// [`TriggerStore::update_trigger`]); the scheduler's status writes leave it alone.
+    /// A new trigger is at 1, whatever the record passed to create says.
+    pub generation: u64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -25,14 +30,20 @@ pub trait TriggerStore: Send + Sync + 'static {
     async fn get_trigger(&self, namespace: &str, name: &str) -> Result<TriggerRecord>;
     /// Triggers of one namespace, or of all when `None`, ordered by name.
     async fn list_triggers(&self, namespace: Option<&str>) -> Result<Vec<TriggerRecord>>;
-    /// Replaces the spec (after the caller merged and validated a patch).
-    async fn update_trigger_spec(
+    /// Changes the spec by `edit` (given the current record; only its spec is
+    /// written) and returns the record as it now stands. A change bumps the
+    /// generation; an edit that changes nothing writes nothing. A compare-and-swap on
+    /// the generation: with `expect`, only if the trigger is still at that generation
+    /// (else [`StoreError::PreconditionFailed`]); without, `edit` runs again on the
+    /// newer record when a concurrent writer got there first, so no edit is lost.
+    async fn update_trigger(
         &self,
         namespace: &str,
         name: &str,
-        spec: &TriggerSpec,
+        expect: Option<u64>,
+        edit: &mut Edit<'_, TriggerRecord>,
     ) -> Result<TriggerRecord>;
-    /// Records the scheduler's view; never touches the spec.
+    /// Records the scheduler's view; never touches the spec or the generation.
     async fn set_trigger_status(
         &self,
         namespace: &str,
@@ -54,6 +65,7 @@ fn from_row(row: &SqliteRow) -> Result<TriggerRecord> {
         name: row.try_get("name")?,
         spec: serde_json::from_str(row.try_get::<&str, _>("spec")?)?,
         status: serde_json::from_str(row.try_get::<&str, _>("status")?)?,
+        generation: row.try_get::<i64, _>("generation")? as u64,
         created_at: time(row.try_get::<&str, _>("created_at")?),
         updated_at: time(row.try_get::<&str, _>("updated_at")?),
     })
@@ -117,27 +129,47 @@ impl TriggerStore for SqliteStore {
         rows.iter().map(from_row).collect()
     }
 
-    async fn update_trigger_spec(
+    async fn update_trigger(
         &self,
         namespace: &str,
         name: &str,
-        spec: &TriggerSpec,
+        expect: Option<u64>,
+        edit: &mut Edit<'_, TriggerRecord>,
     ) -> Result<TriggerRecord> {
-        let done = sqlx::query("UPDATE triggers SET spec = ?, function = ?, updated_at = ? WHERE namespace = ? AND name = ?")
+        let mut cas = Cas::new("trigger", name, expect);
+        loop {
+            let current = self.get_trigger(namespace, name).await?;
+            cas.check(current.generation)?;
+            let mut edited = current.clone();
+            edit(&mut edited)?;
+            if edited.spec == current.spec {
+                return Ok(current);
+            }
+            let record = TriggerRecord {
+                spec: edited.spec,
+                generation: current.generation + 1,
+                updated_at: Utc::now(),
+                ..current.clone()
+            };
+            let spec = &record.spec;
+            let done = sqlx::query(
+                "UPDATE triggers SET spec = ?, function = ?, generation = ?, updated_at = ? \
+                 WHERE namespace = ? AND name = ? AND generation = ?",
+            )
             .bind(serde_json::to_string(spec)?)
             .bind(&spec.function)
-            .bind(stamp(Utc::now()))
+            .bind(record.generation as i64)
+            .bind(stamp(record.updated_at))
             .bind(namespace)
             .bind(name)
+            .bind(current.generation as i64)
             .execute(self.pool())
             .await?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound {
-                kind: "trigger",
-                name: name.to_string(),
-            });
+            if done.rows_affected() == 1 {
+                return Ok(record);
+            }
+            cas.lost().await?;
         }
-        self.get_trigger(namespace, name).await
     }
 
     async fn set_trigger_status(
