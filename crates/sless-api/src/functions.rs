@@ -102,7 +102,7 @@ pub async fn create(
     ) {
         return Err(ApiError::bad(format!(
             "runtime: {:?} is not supported by this server yet (python3 and nodejs are)",
-            spec.runtime
+            spec.runtime.name
         )));
     }
     s.store.get_namespace(&ns).await?;

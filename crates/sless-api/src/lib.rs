@@ -286,9 +286,12 @@ pub(crate) fn take_name(body: Value) -> Result<(String, serde_json::Map<String, 
 /// Applies a JSON merge patch to a spec: the patch must be an object naming only
 /// `allowed` fields, and the result must decode (errors name the field). The
 /// caller validates the patched spec and serialises concurrent patches.
-pub(crate) fn patch_spec<T>(current: &T, patch: &Value, allowed: &[&str]) -> Result<T, ApiError>
+/// The result may be another type than `current` that reads the same fields (a
+/// trigger is patched as its strict [`sless_core::TriggerFields`]).
+pub(crate) fn patch_spec<C, T>(current: &C, patch: &Value, allowed: &[&str]) -> Result<T, ApiError>
 where
-    T: serde::Serialize + serde::de::DeserializeOwned,
+    C: serde::Serialize,
+    T: serde::de::DeserializeOwned,
 {
     let Value::Object(fields) = patch else {
         return Err(ApiError::bad("body: a patch must be a JSON object"));

@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use serde_json::{Value, json};
-use sless_core::{TriggerKind, TriggerSpec, TriggerStatus};
+use sless_core::{TriggerFields, TriggerKind, TriggerSpec, TriggerStatus};
 use sless_store::TriggerRecord;
 
 use crate::functions::spec_error;
@@ -37,13 +37,14 @@ fn trigger_json(s: &AppState, t: &TriggerRecord) -> Value {
     v
 }
 
-/// Validates a spec fully: fields, the cron expression, that the function exists
-/// (`400` otherwise) and that no other http trigger owns the path (`409`).
-async fn check(s: &AppState, ns: &str, name: &str, spec: &mut TriggerSpec) -> Result<(), ApiError> {
-    spec.validate()?;
-    if spec.kind == TriggerKind::Cron {
-        let schedule = spec.schedule.as_deref().unwrap_or_default();
-        sless_triggers::Schedule::parse(schedule, spec.timezone.as_deref().unwrap_or("UTC"))
+/// Checks what the spec's type cannot say alone: the cron expression, that the
+/// function exists (`400` otherwise) and that no other http trigger owns the path (`409`).
+async fn check(s: &AppState, ns: &str, name: &str, spec: &TriggerSpec) -> Result<(), ApiError> {
+    if let TriggerKind::Cron {
+        schedule, timezone, ..
+    } = &spec.kind
+    {
+        sless_triggers::Schedule::parse(schedule, timezone)
             .map_err(|e| ApiError::bad(e.to_string()))?;
     }
     if s.store.get_function(ns, &spec.function).await.is_err() {
@@ -52,8 +53,7 @@ async fn check(s: &AppState, ns: &str, name: &str, spec: &mut TriggerSpec) -> Re
             spec.function
         )));
     }
-    if spec.kind == TriggerKind::Http
-        && let Some(path) = &spec.path
+    if let TriggerKind::Http { path, .. } = &spec.kind
         && let Some(owner) = s.triggers.path_owner(ns, path, name)
     {
         return Err(ApiError::Conflict(format!(
@@ -89,9 +89,10 @@ pub async fn create(
     caller.check(&ns)?;
     let (name, fields) = crate::take_name(body)?;
     s.store.get_namespace(&ns).await?;
-    let mut spec: TriggerSpec = serde_path_to_error::deserialize(Value::Object(fields))
+    let fields: TriggerFields = serde_path_to_error::deserialize(Value::Object(fields))
         .map_err(|e| ApiError::bad(spec_error(e)))?;
-    check(&s, &ns, &name, &mut spec).await?;
+    let spec = TriggerSpec::from_fields(fields)?;
+    check(&s, &ns, &name, &spec).await?;
     let now = Utc::now();
     let record = TriggerRecord {
         namespace: ns.clone(),
@@ -128,14 +129,15 @@ pub async fn patch(
     // Patches of one trigger are applied one at a time so none is lost.
     let _serial = s.trigger_patch_lock.lock().await;
     let current = s.trigger_store.get_trigger(&ns, &name).await?;
-    let mut spec: TriggerSpec =
+    let fields: TriggerFields =
         crate::patch_spec(&current.spec, &patch, sless_core::trigger::TRIGGER_FIELDS)?;
-    if spec.kind != current.spec.kind {
+    if Some(fields.kind) != current.spec.trigger_type() {
         return Err(ApiError::bad(
             "type: a trigger's type cannot change; create a new trigger",
         ));
     }
-    check(&s, &ns, &name, &mut spec).await?;
+    let spec = TriggerSpec::from_fields(fields)?;
+    check(&s, &ns, &name, &spec).await?;
     let record = s
         .trigger_store
         .update_trigger_spec(&ns, &name, &spec)

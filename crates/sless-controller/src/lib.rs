@@ -22,7 +22,7 @@ use chrono::Utc;
 use sless_blob::BlobError;
 use sless_blob::BlobStore;
 use sless_build::{BuildError, BuildRequest, Builder};
-use sless_core::{FunctionStatus, Phase, Runtime};
+use sless_core::{FunctionStatus, Phase};
 use sless_executor::{Deployment, Executor};
 use sless_gateway::{FailedFunctions, Failure};
 use sless_logs::LogStore;
@@ -334,16 +334,7 @@ impl Controller {
         set(status.clone()).await?;
 
         let private = record.spec.private;
-        let runtime = match Runtime::parse(&record.spec.runtime) {
-            Ok(r) => r,
-            Err(e) => {
-                status.phase = Phase::Failed;
-                status.message = e.to_string();
-                self.note_failure(ns, name, private, &status.message);
-                set(status).await?;
-                return Ok(());
-            }
-        };
+        let runtime = record.spec.runtime.clone();
         let archive = match self.blobs.get(&sha).await {
             Ok(archive) => archive,
             // Nothing a retry can fix: the owner must upload the code again.

@@ -376,8 +376,7 @@ fn apply_patch(
                 e.into_inner().to_string(),
             )
         })?;
-    let family = |r: &str| sless_core::Runtime::parse(r).ok().map(|r| r.family);
-    if !fields.contains_key("entrypoint") && family(&patched.runtime) != family(&spec.runtime) {
+    if !fields.contains_key("entrypoint") && patched.runtime.family != spec.runtime.family {
         // Moving to another language without naming an entrypoint takes its default.
         patched.entrypoint.clear();
     }
