@@ -5,36 +5,24 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
-use serde_json::{Value, json};
+use serde_json::Value;
+use sless_api_types::{Items, Trigger, timestamp};
 use sless_core::{TriggerFields, TriggerKind, TriggerSpec, TriggerStatus};
 use sless_store::TriggerRecord;
 
 use crate::functions::spec_error;
-use crate::{ApiError, AppState, Caller, JsonBody};
-
-fn time(t: chrono::DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
+use crate::{ApiError, AppState, Caller, JsonBody, body};
 
 /// The wire shape: the spec's fields at the top level, plus status and times.
-fn trigger_json(s: &AppState, t: &TriggerRecord) -> Value {
-    let status: TriggerStatus = s.triggers.status(t);
-    let mut v = serde_json::to_value(&t.spec).unwrap_or_default();
-    if let Value::Object(map) = &mut v {
-        map.insert("name".into(), json!(t.name));
-        map.insert("namespace".into(), json!(t.namespace));
-        map.insert(
-            "status".into(),
-            json!({
-                "last_fired_at": status.last_fired_at.map(time),
-                "next_fire_at": status.next_fire_at.map(time),
-                "last_result": status.last_result,
-            }),
-        );
-        map.insert("created_at".into(), json!(time(t.created_at)));
-        map.insert("updated_at".into(), json!(time(t.updated_at)));
+fn trigger_body(s: &AppState, t: &TriggerRecord) -> Trigger {
+    Trigger {
+        name: t.name.clone(),
+        namespace: t.namespace.clone(),
+        spec: t.spec.clone(),
+        status: s.triggers.status(t).into(),
+        created_at: timestamp(t.created_at),
+        updated_at: timestamp(t.updated_at),
     }
-    v
 }
 
 /// Checks what the spec's type cannot say alone: the cron expression, that the
@@ -70,24 +58,24 @@ pub async fn list(
 ) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
     s.store.get_namespace(&ns).await?;
-    let items: Vec<Value> = s
+    let items = s
         .trigger_store
         .list_triggers(Some(&ns))
         .await?
         .iter()
-        .map(|t| trigger_json(&s, t))
+        .map(|t| trigger_body(&s, t))
         .collect();
-    Ok(Json(json!({"items": items})))
+    body(&Items::new(items))
 }
 
 pub async fn create(
     State(s): State<AppState>,
     caller: Caller,
     Path(ns): Path<String>,
-    JsonBody(body): JsonBody,
+    JsonBody(request): JsonBody,
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
-    let (name, fields) = crate::take_name(body)?;
+    let (name, fields) = crate::take_name(request)?;
     s.store.get_namespace(&ns).await?;
     let fields: TriggerFields = serde_path_to_error::deserialize(Value::Object(fields))
         .map_err(|e| ApiError::bad(spec_error(e)))?;
@@ -104,7 +92,7 @@ pub async fn create(
     };
     s.trigger_store.create_trigger(&record).await?;
     s.triggers.apply(&record);
-    Ok((StatusCode::CREATED, Json(trigger_json(&s, &record))).into_response())
+    Ok((StatusCode::CREATED, body(&trigger_body(&s, &record))?).into_response())
 }
 
 pub async fn get(
@@ -113,10 +101,10 @@ pub async fn get(
     Path((ns, name)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
-    Ok(Json(trigger_json(
+    body(&trigger_body(
         &s,
         &s.trigger_store.get_trigger(&ns, &name).await?,
-    )))
+    ))
 }
 
 pub async fn patch(
@@ -143,7 +131,7 @@ pub async fn patch(
         .update_trigger_spec(&ns, &name, &spec)
         .await?;
     s.triggers.apply(&record);
-    Ok(Json(trigger_json(&s, &record)))
+    body(&trigger_body(&s, &record))
 }
 
 pub async fn delete(
