@@ -10,7 +10,8 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
+use sless_api_types::{CodeUploaded, Function, Items, SourceFile, timestamp};
 use sless_blob::{BlobError, Stored};
 use sless_core::invocation::InvocationSource;
 use sless_core::{FunctionSpec, FunctionStatus, NetworkMode, Phase};
@@ -18,14 +19,10 @@ use sless_executor::InvokeError;
 use sless_invoke::{Call, Invoker};
 use sless_store::{CodeOwner, FunctionChange, FunctionRecord};
 
-use crate::{ApiError, AppState, Caller, JsonBody, read_limited};
-
-fn time(t: chrono::DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
+use crate::{ApiError, AppState, Caller, JsonBody, body, read_limited};
 
 /// The wire shape of a function, with live instance counts and crash reports.
-fn function_json(s: &AppState, r: &FunctionRecord) -> Value {
+fn function_body(s: &AppState, r: &FunctionRecord) -> Function<FunctionSpec> {
     let mut status: FunctionStatus = r.status.clone();
     if status.revision < r.revision {
         // The controller has not picked up the latest revision yet: its phase is
@@ -45,22 +42,22 @@ fn function_json(s: &AppState, r: &FunctionRecord) -> Value {
     {
         status.message = problem;
     }
-    json!({
-        "name": r.name,
-        "namespace": r.namespace,
-        "spec": r.spec,
-        "status": {
-            "phase": status.phase,
-            "message": status.message,
-            "revision": status.revision,
-            "code_sha256": status.code_sha256.or_else(|| r.code_sha256.clone()),
-            "url": status.url,
-            "instances": status.instances,
-            "last_built_at": status.last_built_at.map(time),
+    Function {
+        name: r.name.clone(),
+        namespace: r.namespace.clone(),
+        spec: r.spec.clone(),
+        status: sless_api_types::FunctionStatus {
+            phase: status.phase.into(),
+            message: status.message,
+            revision: status.revision,
+            code_sha256: status.code_sha256.or_else(|| r.code_sha256.clone()),
+            url: status.url,
+            instances: status.instances.into(),
+            last_built_at: status.last_built_at.map(timestamp),
         },
-        "created_at": time(r.created_at),
-        "updated_at": time(r.updated_at),
-    })
+        created_at: timestamp(r.created_at),
+        updated_at: timestamp(r.updated_at),
+    }
 }
 
 pub async fn list(
@@ -70,24 +67,24 @@ pub async fn list(
 ) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
     s.store.get_namespace(&ns).await?;
-    let items: Vec<Value> = s
+    let items = s
         .store
         .list_functions(Some(&ns))
         .await?
         .iter()
-        .map(|r| function_json(&s, r))
+        .map(|r| function_body(&s, r))
         .collect();
-    Ok(Json(json!({"items": items})))
+    body(&Items::new(items))
 }
 
 pub async fn create(
     State(s): State<AppState>,
     caller: Caller,
     Path(ns): Path<String>,
-    JsonBody(body): JsonBody,
+    JsonBody(request): JsonBody,
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
-    let (name, fields) = crate::take_name(body)?;
+    let (name, fields) = crate::take_name(request)?;
     if !fields.contains_key("runtime") {
         return Err(ApiError::bad(
             "runtime: required (python3, nodejs, go or custom)",
@@ -103,7 +100,7 @@ pub async fn create(
     ) {
         return Err(ApiError::bad(format!(
             "runtime: {:?} is not supported by this server yet (python3 and nodejs are)",
-            spec.runtime
+            spec.runtime.name
         )));
     }
     s.store.get_namespace(&ns).await?;
@@ -125,7 +122,7 @@ pub async fn create(
         updated_at: now,
     };
     s.store.create_function(&record).await?;
-    Ok((StatusCode::CREATED, Json(function_json(&s, &record))).into_response())
+    Ok((StatusCode::CREATED, body(&function_body(&s, &record))?).into_response())
 }
 
 /// `"network": "host"` puts a function on the host's network, with the server's own
@@ -162,23 +159,20 @@ pub async fn get(
     Path((ns, name)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
-    Ok(Json(function_json(
-        &s,
-        &s.store.get_function(&ns, &name).await?,
-    )))
+    body(&function_body(&s, &s.store.get_function(&ns, &name).await?))
 }
 
 pub async fn patch(
     State(s): State<AppState>,
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
-    JsonBody(body): JsonBody,
+    JsonBody(request): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
-    if body.get("network").and_then(Value::as_str) == Some(NetworkMode::Host.as_str()) {
+    if request.get("network").and_then(Value::as_str) == Some(NetworkMode::Host.as_str()) {
         check_network(&s, &caller, NetworkMode::Host)?;
     }
-    if let Some(runtime) = body.get("runtime").and_then(Value::as_str) {
+    if let Some(runtime) = request.get("runtime").and_then(Value::as_str) {
         let family = sless_core::Runtime::parse(runtime)?.family;
         if matches!(
             family,
@@ -192,12 +186,12 @@ pub async fn patch(
     let before = s.store.get_function(&ns, &name).await?;
     let record = s
         .store
-        .update_function(&ns, &name, None, FunctionChange::Patch(body))
+        .update_function(&ns, &name, None, FunctionChange::Patch(request))
         .await?;
     if record.revision != before.revision {
         s.controller.enqueue(&ns, &name);
     }
-    Ok(Json(function_json(&s, &record)))
+    body(&function_body(&s, &record))
 }
 
 pub async fn delete(
@@ -312,7 +306,10 @@ pub async fn upload_code(
     s.collector.nudge();
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({"revision": record.revision, "code_sha256": sha})),
+        body(&CodeUploaded {
+            revision: record.revision,
+            code_sha256: sha,
+        })?,
     )
         .into_response())
 }
@@ -366,7 +363,7 @@ pub async fn source(
     caller.check(&ns)?;
     let record = s.store.get_function(&ns, &name).await?;
     let Some(sha) = record.code_sha256 else {
-        return Ok(Json(json!({"items": []})));
+        return body(&Items::<SourceFile>::new(Vec::new()));
     };
     let archive = s.blobs.get(&sha).await.map_err(|e| match e {
         // The owner can fix both by uploading the code again; say so.
@@ -385,7 +382,15 @@ pub async fn source(
         .map_err(|e| {
             ApiError::Internal(anyhow::anyhow!("stored archive {sha} is unreadable: {e}"))
         })?;
-    Ok(Json(json!({"items": files})))
+    let files = files
+        .into_iter()
+        .map(|f| SourceFile {
+            name: f.name,
+            content: f.content,
+            binary: f.binary,
+        })
+        .collect();
+    body(&Items::new(files))
 }
 
 /// Most lines `logs?tail=` returns.

@@ -5,10 +5,11 @@ use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use chrono::{DateTime, Utc};
-use serde_json::{Value, json};
+use serde_json::Value;
+use sless_api_types::{Items, timestamp};
 use sless_store::{InvocationFilter, InvocationRecord, InvocationSource, MAX_INVOCATION_LIMIT};
 
-use crate::{ApiError, AppState, Caller};
+use crate::{ApiError, AppState, Caller, body};
 
 pub async fn list(
     State(s): State<AppState>,
@@ -20,14 +21,14 @@ pub async fn list(
     let Query(params) = query.map_err(|e| ApiError::bad(format!("query: {e}")))?;
     let filter = parse_filter(&params)?;
     s.store.get_namespace(&ns).await?;
-    let items: Vec<Value> = s
+    let items = s
         .invocations
         .list(&ns, &filter)
         .await?
         .iter()
-        .map(invocation_json)
+        .map(invocation_body)
         .collect();
-    Ok(Json(json!({"items": items})))
+    body(&Items::new(items))
 }
 
 /// The filter a query asks for. An empty value (`?function=`) filters nothing;
@@ -105,24 +106,25 @@ fn unknown(parameter: &str) -> ApiError {
 
 /// The wire shape of one record. `duration_ms` keeps microseconds as decimals:
 /// most handlers answer in well under a millisecond.
-fn invocation_json(r: &InvocationRecord) -> Value {
-    json!({
-        "id": r.id,
-        "function": r.function,
-        "revision": r.revision,
-        "source": r.source.as_str(),
-        "request_id": r.request_id,
-        "started_at": r.started_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        "duration_ms": r.duration.as_micros() as f64 / 1000.0,
-        "status": r.status,
-        "cold_start": r.cold_start,
-        "error": r.error,
-    })
+fn invocation_body(r: &InvocationRecord) -> sless_api_types::Invocation {
+    sless_api_types::Invocation {
+        id: r.id.clone(),
+        function: r.function.clone(),
+        revision: r.revision,
+        source: r.source.as_str().to_string(),
+        request_id: r.request_id.clone(),
+        started_at: timestamp(r.started_at),
+        duration_ms: r.duration.as_micros() as f64 / 1000.0,
+        status: r.status,
+        cold_start: r.cold_start,
+        error: r.error.clone(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use std::time::Duration;
 
     fn parse(query: &[(&str, &str)]) -> Result<InvocationFilter, String> {
@@ -216,7 +218,7 @@ mod tests {
             error: Some("boom".into()),
         };
         assert_eq!(
-            invocation_json(&r),
+            sless_api_types::to_body(&invocation_body(&r)).unwrap(),
             json!({
                 "id": "0001", "function": "hello", "revision": 2, "source": "http",
                 "request_id": "req", "started_at": "2025-01-31T12:00:00.123Z",

@@ -8,36 +8,24 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
+use sless_api_types::{Items, Job, JobCodeUploaded, timestamp};
 use sless_core::{JobPhase, JobSpec, JobStatus};
 use sless_store::JobRecord;
 
 use crate::functions::spec_error;
-use crate::{ApiError, AppState, Caller, JsonBody, read_limited};
+use crate::{ApiError, AppState, Caller, JsonBody, body, read_limited};
 
-fn time(t: chrono::DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
-fn job_json(j: &JobRecord) -> Value {
-    let st = &j.status;
-    json!({
-        "name": j.name,
-        "namespace": j.namespace,
-        "spec": j.spec,
-        "status": {
-            "phase": st.phase,
-            "run_id": st.run_id,
-            "result": st.result,
-            "message": st.message,
-            "started_at": st.started_at.map(time),
-            "finished_at": st.finished_at.map(time),
-            "attempts": st.attempts,
-        },
-        "code_sha256": j.code_sha256,
-        "created_at": time(j.created_at),
-        "updated_at": time(j.updated_at),
-    })
+fn job_body(j: &JobRecord) -> Job<JobSpec> {
+    Job {
+        name: j.name.clone(),
+        namespace: j.namespace.clone(),
+        spec: j.spec.clone(),
+        status: j.status.clone().into(),
+        code_sha256: j.code_sha256.clone(),
+        created_at: timestamp(j.created_at),
+        updated_at: timestamp(j.updated_at),
+    }
 }
 
 /// The status a run starts from: Pending, or Skipped for `run_id: 0`.
@@ -65,24 +53,24 @@ pub async fn list(
 ) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
     s.store.get_namespace(&ns).await?;
-    let items: Vec<Value> = s
+    let items = s
         .job_store
         .list_jobs(Some(&ns))
         .await?
         .iter()
-        .map(job_json)
+        .map(job_body)
         .collect();
-    Ok(Json(json!({"items": items})))
+    body(&Items::new(items))
 }
 
 pub async fn create(
     State(s): State<AppState>,
     caller: Caller,
     Path(ns): Path<String>,
-    JsonBody(body): JsonBody,
+    JsonBody(request): JsonBody,
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
-    let (name, fields) = crate::take_name(body)?;
+    let (name, fields) = crate::take_name(request)?;
     s.store.get_namespace(&ns).await?;
     let mut spec: JobSpec = serde_path_to_error::deserialize(Value::Object(fields))
         .map_err(|e| ApiError::bad(spec_error(e)))?;
@@ -110,7 +98,7 @@ pub async fn create(
     if record.spec.run_id != 0 {
         s.jobs.start(&ns, &name);
     }
-    Ok((StatusCode::CREATED, Json(job_json(&record))).into_response())
+    Ok((StatusCode::CREATED, body(&job_body(&record))?).into_response())
 }
 
 /// Longest `?wait=` a job read blocks for, in seconds.
@@ -140,7 +128,7 @@ pub async fn get(
             job = s.job_store.get_job(&ns, &name).await?;
         }
     }
-    Ok(Json(job_json(&job)))
+    body(&job_body(&job))
 }
 
 pub async fn patch(
@@ -185,7 +173,7 @@ pub async fn patch(
             s.jobs.start(&ns, &name);
         }
     }
-    Ok(Json(job_json(&job)))
+    body(&job_body(&job))
 }
 
 pub async fn delete(
@@ -243,7 +231,10 @@ pub async fn upload_code(
     }
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({"code_sha256": sha, "run_id": job.spec.run_id})),
+        body(&JobCodeUploaded {
+            code_sha256: sha,
+            run_id: job.spec.run_id,
+        })?,
     )
         .into_response())
 }

@@ -1,6 +1,7 @@
 //! The REST API of `../shared/spec/api-v1.md` (`/v1/...`, `/healthz`, `/readyz`):
 //! authentication and tenancy, namespaces, functions, code uploads, logs and the
-//! authenticated invoke. The only crate that knows the wire shapes of objects.
+//! authenticated invoke. Every response body is one of the shapes of
+//! `sless-api-types`, which the client decodes too; this crate only fills them.
 
 mod auth;
 mod error;
@@ -20,6 +21,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use serde_json::Value;
+use sless_api_types::Health;
 use sless_blob::{ArchiveLimits, BlobStore};
 use sless_controller::Controller;
 use sless_controller::gc::Collector;
@@ -66,6 +68,13 @@ pub struct AppState {
     pub job_patch_lock: Arc<tokio::sync::Mutex<()>>,
     /// Namespace tokens may give functions `"network": "host"` (otherwise only the admin).
     pub allow_host_network: bool,
+}
+
+/// A response body: one of `sless_api_types`' shapes, as the JSON document it is sent as.
+pub(crate) fn body<T: serde::Serialize>(shape: &T) -> Result<axum::Json<Value>, ApiError> {
+    sless_api_types::to_body(shape)
+        .map(axum::Json)
+        .map_err(|e| ApiError::Internal(e.into()))
 }
 
 /// Largest JSON document accepted by the object endpoints.
@@ -176,8 +185,11 @@ async fn fallback() -> ApiError {
     ApiError::NotFound("no such endpoint".into())
 }
 
-async fn healthz() -> impl IntoResponse {
-    axum::Json(serde_json::json!({"status": "ok"}))
+async fn healthz() -> Result<axum::Json<Value>, ApiError> {
+    body(&Health {
+        status: "ok".into(),
+        problems: None,
+    })
 }
 
 async fn readyz(State(s): State<AppState>) -> Response {
@@ -196,12 +208,19 @@ async fn readyz(State(s): State<AppState>) -> Response {
     let disk = s.storage.problem().map(|p| p.to_string());
     let problems: Vec<String> = store.into_iter().chain(blobs).chain(disk).collect();
     if problems.is_empty() {
-        axum::Json(serde_json::json!({"status": "ready"})).into_response()
+        body(&Health {
+            status: "ready".into(),
+            problems: None,
+        })
+        .into_response()
     } else {
         tracing::warn!(?problems, "not ready");
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(serde_json::json!({"status": "unavailable", "problems": problems})),
+            body(&Health {
+                status: "unavailable".into(),
+                problems: Some(problems),
+            }),
         )
             .into_response()
     }
@@ -286,9 +305,12 @@ pub(crate) fn take_name(body: Value) -> Result<(String, serde_json::Map<String, 
 /// Applies a JSON merge patch to a spec: the patch must be an object naming only
 /// `allowed` fields, and the result must decode (errors name the field). The
 /// caller validates the patched spec and serialises concurrent patches.
-pub(crate) fn patch_spec<T>(current: &T, patch: &Value, allowed: &[&str]) -> Result<T, ApiError>
+/// The result may be another type than `current` that reads the same fields (a
+/// trigger is patched as its strict [`sless_core::TriggerFields`]).
+pub(crate) fn patch_spec<C, T>(current: &C, patch: &Value, allowed: &[&str]) -> Result<T, ApiError>
 where
-    T: serde::Serialize + serde::de::DeserializeOwned,
+    C: serde::Serialize,
+    T: serde::de::DeserializeOwned,
 {
     let Value::Object(fields) = patch else {
         return Err(ApiError::bad("body: a patch must be a JSON object"));

@@ -5,19 +5,20 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::Value;
+use sless_api_types::{Items, TokenCreated, Whoami, timestamp};
 use sless_store::Namespace;
 
-use crate::{ApiError, AppState, Caller, JsonBody, hash_token, new_token};
+use crate::{ApiError, AppState, Caller, JsonBody, body, hash_token, new_token};
 
-fn namespace_json(ns: &Namespace) -> serde_json::Value {
-    json!({"name": ns.name, "created_at": ns.created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)})
+fn namespace_body(ns: &Namespace) -> sless_api_types::Namespace {
+    sless_api_types::Namespace {
+        name: ns.name.clone(),
+        created_at: Some(timestamp(ns.created_at)),
+    }
 }
 
-pub async fn whoami(
-    State(s): State<AppState>,
-    caller: Caller,
-) -> Result<Json<serde_json::Value>, ApiError> {
+pub async fn whoami(State(s): State<AppState>, caller: Caller) -> Result<Json<Value>, ApiError> {
     let namespaces: Vec<String> = match &caller {
         Caller::Admin => s
             .store
@@ -28,31 +29,29 @@ pub async fn whoami(
             .collect(),
         Caller::Namespace(ns) => vec![ns.clone()],
     };
-    Ok(Json(
-        json!({"admin": caller == Caller::Admin, "namespaces": namespaces}),
-    ))
+    body(&Whoami {
+        admin: caller == Caller::Admin,
+        namespaces,
+    })
 }
 
-pub async fn list(
-    State(s): State<AppState>,
-    caller: Caller,
-) -> Result<Json<serde_json::Value>, ApiError> {
+pub async fn list(State(s): State<AppState>, caller: Caller) -> Result<Json<Value>, ApiError> {
     let all = s.store.list_namespaces().await?;
     let items: Vec<_> = all
         .iter()
         .filter(|n| caller.may_access(&n.name))
-        .map(namespace_json)
+        .map(namespace_body)
         .collect();
-    Ok(Json(json!({"items": items})))
+    body(&Items::new(items))
 }
 
 pub async fn get(
     State(s): State<AppState>,
     caller: Caller,
     Path(ns): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
-    Ok(Json(namespace_json(&s.store.get_namespace(&ns).await?)))
+    body(&namespace_body(&s.store.get_namespace(&ns).await?))
 }
 
 pub async fn ensure(
@@ -63,13 +62,13 @@ pub async fn ensure(
     caller.check(&ns)?;
     sless_core::validate_name("name", &ns)?;
     let created = s.store.ensure_namespace(&ns).await?;
-    let body = namespace_json(&s.store.get_namespace(&ns).await?);
+    let answer = body(&namespace_body(&s.store.get_namespace(&ns).await?))?;
     let status = if created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(body)).into_response())
+    Ok((status, answer).into_response())
 }
 
 #[derive(Deserialize)]
@@ -105,16 +104,16 @@ pub async fn delete(
 pub async fn create_token(
     State(s): State<AppState>,
     caller: Caller,
-    JsonBody(body): JsonBody,
+    JsonBody(request): JsonBody,
 ) -> Result<Response, ApiError> {
     if caller != Caller::Admin {
         return Err(ApiError::NotFound("no such endpoint".into()));
     }
-    let ns = match body.get("namespace") {
-        Some(serde_json::Value::String(ns)) => ns.clone(),
+    let ns = match request.get("namespace") {
+        Some(Value::String(ns)) => ns.clone(),
         _ => return Err(ApiError::bad("namespace: required, a string")),
     };
-    if let Some(unknown) = body
+    if let Some(unknown) = request
         .as_object()
         .and_then(|o| o.keys().find(|k| *k != "namespace"))
     {
@@ -127,7 +126,10 @@ pub async fn create_token(
     s.tokens.invalidate();
     Ok((
         StatusCode::CREATED,
-        Json(json!({"token": token, "namespace": ns})),
+        body(&TokenCreated {
+            token,
+            namespace: ns,
+        })?,
     )
         .into_response())
 }

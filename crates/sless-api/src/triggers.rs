@@ -5,45 +5,34 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
-use serde_json::{Value, json};
-use sless_core::{TriggerKind, TriggerSpec, TriggerStatus};
+use serde_json::Value;
+use sless_api_types::{Items, Trigger, timestamp};
+use sless_core::{TriggerFields, TriggerKind, TriggerSpec, TriggerStatus};
 use sless_store::TriggerRecord;
 
 use crate::functions::spec_error;
-use crate::{ApiError, AppState, Caller, JsonBody};
-
-fn time(t: chrono::DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
+use crate::{ApiError, AppState, Caller, JsonBody, body};
 
 /// The wire shape: the spec's fields at the top level, plus status and times.
-fn trigger_json(s: &AppState, t: &TriggerRecord) -> Value {
-    let status: TriggerStatus = s.triggers.status(t);
-    let mut v = serde_json::to_value(&t.spec).unwrap_or_default();
-    if let Value::Object(map) = &mut v {
-        map.insert("name".into(), json!(t.name));
-        map.insert("namespace".into(), json!(t.namespace));
-        map.insert(
-            "status".into(),
-            json!({
-                "last_fired_at": status.last_fired_at.map(time),
-                "next_fire_at": status.next_fire_at.map(time),
-                "last_result": status.last_result,
-            }),
-        );
-        map.insert("created_at".into(), json!(time(t.created_at)));
-        map.insert("updated_at".into(), json!(time(t.updated_at)));
+fn trigger_body(s: &AppState, t: &TriggerRecord) -> Trigger {
+    Trigger {
+        name: t.name.clone(),
+        namespace: t.namespace.clone(),
+        spec: t.spec.clone(),
+        status: s.triggers.status(t).into(),
+        created_at: timestamp(t.created_at),
+        updated_at: timestamp(t.updated_at),
     }
-    v
 }
 
-/// Validates a spec fully: fields, the cron expression, that the function exists
-/// (`400` otherwise) and that no other http trigger owns the path (`409`).
-async fn check(s: &AppState, ns: &str, name: &str, spec: &mut TriggerSpec) -> Result<(), ApiError> {
-    spec.validate()?;
-    if spec.kind == TriggerKind::Cron {
-        let schedule = spec.schedule.as_deref().unwrap_or_default();
-        sless_triggers::Schedule::parse(schedule, spec.timezone.as_deref().unwrap_or("UTC"))
+/// Checks what the spec's type cannot say alone: the cron expression, that the
+/// function exists (`400` otherwise) and that no other http trigger owns the path (`409`).
+async fn check(s: &AppState, ns: &str, name: &str, spec: &TriggerSpec) -> Result<(), ApiError> {
+    if let TriggerKind::Cron {
+        schedule, timezone, ..
+    } = &spec.kind
+    {
+        sless_triggers::Schedule::parse(schedule, timezone)
             .map_err(|e| ApiError::bad(e.to_string()))?;
     }
     if s.store.get_function(ns, &spec.function).await.is_err() {
@@ -52,8 +41,7 @@ async fn check(s: &AppState, ns: &str, name: &str, spec: &mut TriggerSpec) -> Re
             spec.function
         )));
     }
-    if spec.kind == TriggerKind::Http
-        && let Some(path) = &spec.path
+    if let TriggerKind::Http { path, .. } = &spec.kind
         && let Some(owner) = s.triggers.path_owner(ns, path, name)
     {
         return Err(ApiError::Conflict(format!(
@@ -70,28 +58,29 @@ pub async fn list(
 ) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
     s.store.get_namespace(&ns).await?;
-    let items: Vec<Value> = s
+    let items = s
         .trigger_store
         .list_triggers(Some(&ns))
         .await?
         .iter()
-        .map(|t| trigger_json(&s, t))
+        .map(|t| trigger_body(&s, t))
         .collect();
-    Ok(Json(json!({"items": items})))
+    body(&Items::new(items))
 }
 
 pub async fn create(
     State(s): State<AppState>,
     caller: Caller,
     Path(ns): Path<String>,
-    JsonBody(body): JsonBody,
+    JsonBody(request): JsonBody,
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
-    let (name, fields) = crate::take_name(body)?;
+    let (name, fields) = crate::take_name(request)?;
     s.store.get_namespace(&ns).await?;
-    let mut spec: TriggerSpec = serde_path_to_error::deserialize(Value::Object(fields))
+    let fields: TriggerFields = serde_path_to_error::deserialize(Value::Object(fields))
         .map_err(|e| ApiError::bad(spec_error(e)))?;
-    check(&s, &ns, &name, &mut spec).await?;
+    let spec = TriggerSpec::from_fields(fields)?;
+    check(&s, &ns, &name, &spec).await?;
     let now = Utc::now();
     let record = TriggerRecord {
         namespace: ns.clone(),
@@ -104,7 +93,7 @@ pub async fn create(
     };
     s.trigger_store.create_trigger(&record).await?;
     s.triggers.apply(&record);
-    Ok((StatusCode::CREATED, Json(trigger_json(&s, &record))).into_response())
+    Ok((StatusCode::CREATED, body(&trigger_body(&s, &record))?).into_response())
 }
 
 pub async fn get(
@@ -113,10 +102,10 @@ pub async fn get(
     Path((ns, name)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
-    Ok(Json(trigger_json(
+    body(&trigger_body(
         &s,
         &s.trigger_store.get_trigger(&ns, &name).await?,
-    )))
+    ))
 }
 
 pub async fn patch(
@@ -129,14 +118,15 @@ pub async fn patch(
     // Patches of one trigger are applied one at a time so none is lost.
     let _serial = s.trigger_patch_lock.lock().await;
     let current = s.trigger_store.get_trigger(&ns, &name).await?;
-    let mut spec: TriggerSpec =
+    let fields: TriggerFields =
         crate::patch_spec(&current.spec, &patch, sless_core::trigger::TRIGGER_FIELDS)?;
-    if spec.kind != current.spec.kind {
+    if Some(fields.kind) != current.spec.trigger_type() {
         return Err(ApiError::bad(
             "type: a trigger's type cannot change; create a new trigger",
         ));
     }
-    check(&s, &ns, &name, &mut spec).await?;
+    let spec = TriggerSpec::from_fields(fields)?;
+    check(&s, &ns, &name, &spec).await?;
     let record = s
         .trigger_store
         .update_trigger(&ns, &name, None, &mut |t| {
@@ -145,7 +135,7 @@ pub async fn patch(
         })
         .await?;
     s.triggers.apply(&record);
-    Ok(Json(trigger_json(&s, &record)))
+    body(&trigger_body(&s, &record))
 }
 
 pub async fn delete(

@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
-
 /// Everything a [`crate::Client`] call can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -106,20 +104,9 @@ impl ClientError {
 
     /// Builds the API error for a non-success response from its status and raw body.
     pub fn from_response(status: u16, body: &[u8]) -> ClientError {
-        #[derive(Deserialize)]
-        struct Envelope {
-            error: Inner,
-        }
-        #[derive(Deserialize)]
-        struct Inner {
-            #[serde(default)]
-            code: String,
-            #[serde(default)]
-            message: String,
-        }
         let fallback_code = format!("http_{status}");
-        match serde_json::from_slice::<Envelope>(body) {
-            Ok(Envelope { error }) => ClientError::Api {
+        match serde_json::from_slice::<sless_api_types::ErrorBody>(body) {
+            Ok(sless_api_types::ErrorBody { error }) => ClientError::Api {
                 status,
                 code: if error.code.is_empty() {
                     fallback_code

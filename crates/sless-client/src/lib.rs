@@ -18,8 +18,9 @@ use serde_json::{Value, json};
 pub use error::ClientError;
 pub use reqwest::header::HeaderMap;
 pub use types::{
-    Function, FunctionStatus, InstanceCounts, Invocation, InvocationQuery, InvokeResponse, Job,
-    JobStatus, Namespace, Trigger, TriggerStatus, UploadResponse,
+    CodeUploaded, Function, FunctionPhase, FunctionStatus, InstanceCounts, Invocation,
+    InvocationQuery, InvokeResponse, Job, JobPhase, JobStatus, Namespace, Trigger, TriggerKind,
+    TriggerResult, TriggerSpec, TriggerStatus, UploadResponse,
 };
 
 use types::Items;
@@ -376,7 +377,7 @@ impl Client {
                     name: name.to_string(),
                     run_id,
                     waited,
-                    last_phase: job.status.phase,
+                    last_phase: job.status.phase.to_string(),
                 });
             }
             // The server answers at once when the run it sees is already over; if that is an
@@ -412,7 +413,7 @@ impl Client {
                     name: name.to_string(),
                     revision,
                     waited,
-                    last_phase: function.status.phase,
+                    last_phase: function.status.phase.to_string(),
                 });
             }
             tokio::time::sleep(POLL_INTERVAL.min(timeout - waited)).await;

@@ -696,9 +696,9 @@ async fn wait_ready_waits_for_the_revision_to_settle() {
     assert_eq!(
         seen,
         [
-            ("Ready".to_string(), 1),
-            ("Building".to_string(), 2),
-            ("Ready".to_string(), 2)
+            (FunctionPhase::Ready, 1),
+            (FunctionPhase::Building, 2),
+            (FunctionPhase::Ready, 2)
         ]
     );
 }
@@ -736,18 +736,18 @@ async fn trigger_crud() {
     assert_eq!(
         (
             created.name.as_str(),
-            created.kind.as_str(),
+            created.kind(),
             created.namespace.as_str()
         ),
         ("nightly", "cron", "default")
     );
-    assert_eq!(created.schedule.as_deref(), Some("0 3 * * *"));
+    assert_eq!(created.schedule(), Some("0 3 * * *"));
     assert_eq!(
         created.status.next_fire_at.as_deref(),
         Some("2025-01-01T00:05:00Z")
     );
     assert!(
-        created.enabled,
+        created.spec.enabled,
         "absent enabled reads as the API default, true"
     );
 
@@ -762,8 +762,8 @@ async fn trigger_crud() {
 
     let listed = c.list_triggers("default").await.expect("list");
     assert_eq!(listed.len(), 1);
-    assert_eq!(listed[0].methods, ["GET", "POST"]);
-    assert_eq!(listed[0].path.as_deref(), Some("/orders"));
+    assert_eq!(listed[0].methods(), ["GET", "POST"]);
+    assert_eq!(listed[0].path(), Some("/orders"));
 
     assert_eq!(
         c.get_trigger("default", "orders").await.expect("get").name,
@@ -781,7 +781,7 @@ async fn trigger_crud() {
         .patch_trigger("default", "orders", &json!({"enabled": false}))
         .await
         .expect("patch");
-    assert!(!disabled.enabled);
+    assert!(!disabled.spec.enabled);
 
     c.delete_trigger("default", "orders").await.expect("delete");
     assert_eq!(
@@ -882,9 +882,9 @@ async fn wait_job_skips_earlier_runs() {
     assert_eq!(
         seen,
         [
-            ("Succeeded".to_string(), 1),
-            ("Running".to_string(), 2),
-            ("Succeeded".to_string(), 2)
+            (JobPhase::Succeeded, 1),
+            (JobPhase::Running, 2),
+            (JobPhase::Succeeded, 2)
         ]
     );
 }

@@ -1,108 +1,19 @@
-//! Response types of the API, decoded leniently: missing fields take defaults so a newer
-//! server that adds or omits fields does not break an older client.
+//! The API's response bodies, as `sless-api-types` defines them for server and client
+//! alike (decoded leniently: missing fields take defaults, unknown ones are ignored and an
+//! unknown phase is `Unknown`, so a newer server does not break an older client), plus
+//! what only the client has: invoke answers and invocation queries.
 
 use bytes::Bytes;
 use reqwest::header::HeaderMap;
-use serde::{Deserialize, Serialize};
 
-/// A function object as the API returns it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Function {
-    pub name: String,
-    pub namespace: String,
-    /// The spec as stored (runtime, entrypoint, env, limits...), kept as JSON so fields the
-    /// server adds later survive a round trip.
-    pub spec: serde_json::Value,
-    pub status: FunctionStatus,
-    pub created_at: String,
-    pub updated_at: String,
-}
-
-impl Function {
-    /// The spec's `runtime`, or `""` when absent.
-    pub fn runtime(&self) -> &str {
-        self.spec
-            .get("runtime")
-            .and_then(|v| v.as_str())
-            .unwrap_or("")
-    }
-}
-
-/// What the platform reports about a function's latest revision.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct FunctionStatus {
-    /// `Pending`, `Building`, `Ready` or `Failed`.
-    pub phase: String,
-    /// Why the phase is what it is; on `Failed`, the reason and the tail of the build log.
-    pub message: String,
-    /// The latest revision; `phase` describes this one.
-    pub revision: u64,
-    /// SHA-256 of the uploaded archive, `None` before the first upload.
-    pub code_sha256: Option<String>,
-    /// The public invoke URL, `/fn/{ns}/{name}` on the server.
-    pub url: String,
-    pub instances: InstanceCounts,
-    /// When a build last ran (RFC 3339).
-    pub last_built_at: Option<String>,
-}
-
-impl FunctionStatus {
-    /// True when `phase` is one the platform leaves only on a new revision.
-    pub fn is_settled(&self) -> bool {
-        self.phase == "Ready" || self.phase == "Failed"
-    }
-}
-
-/// Instances of a function by readiness.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct InstanceCounts {
-    pub ready: u32,
-    pub starting: u32,
-}
-
-/// A namespace as listed by `GET /v1/namespaces`. The server may list bare names or
-/// objects with a `name`; both decode.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Namespace {
-    pub name: String,
-    /// When it was created (RFC 3339), when the server says.
-    pub created_at: Option<String>,
-}
-
-impl<'de> Deserialize<'de> for Namespace {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Wire {
-            Name(String),
-            Object {
-                name: String,
-                #[serde(default)]
-                created_at: Option<String>,
-            },
-        }
-        Ok(match Wire::deserialize(d)? {
-            Wire::Name(name) => Namespace {
-                name,
-                created_at: None,
-            },
-            Wire::Object { name, created_at } => Namespace { name, created_at },
-        })
-    }
-}
+pub use sless_api_types::{
+    CodeUploaded, Function, FunctionPhase, FunctionStatus, InstanceCounts, Invocation, Items, Job,
+    JobPhase, JobStatus, Namespace, Trigger, TriggerKind, TriggerResult, TriggerSpec,
+    TriggerStatus,
+};
 
 /// The answer to a code upload.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct UploadResponse {
-    /// The revision that carries this code.
-    pub revision: u64,
-    /// SHA-256 of the archive as the server computed it.
-    pub code_sha256: String,
-}
+pub type UploadResponse = CodeUploaded;
 
 /// A function's answer to an authenticated invoke, whatever its status.
 #[derive(Debug, Clone)]
@@ -127,170 +38,6 @@ impl InvokeResponse {
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
-}
-
-/// A trigger as the API returns it: what fires the function (`type` and its fields) plus
-/// what happened last.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Trigger {
-    pub name: String,
-    pub namespace: String,
-    /// The function it calls.
-    pub function: String,
-    /// `http`, `cron` or `queue`.
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub enabled: bool,
-    /// http: the route below `/t/{ns}`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
-    /// http: the methods the route accepts.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub methods: Vec<String>,
-    /// cron: the schedule expression.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub schedule: Option<String>,
-    /// cron: the IANA time zone the schedule is read in.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub timezone: Option<String>,
-    /// cron: the event the handler gets (plus `fired_at`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub event: Option<serde_json::Value>,
-    /// cron: seconds before each fire at which an instance is started.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prewarm_sec: Option<u32>,
-    /// queue: `{"kind", "url", "topic"}`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub source: Option<serde_json::Value>,
-    pub status: TriggerStatus,
-    pub created_at: String,
-    pub updated_at: String,
-}
-
-impl Default for Trigger {
-    /// Everything empty except `enabled`, which the API defaults to true.
-    fn default() -> Self {
-        Trigger {
-            name: String::new(),
-            namespace: String::new(),
-            function: String::new(),
-            kind: String::new(),
-            enabled: true,
-            path: None,
-            methods: Vec::new(),
-            schedule: None,
-            timezone: None,
-            event: None,
-            prewarm_sec: None,
-            source: None,
-            status: TriggerStatus::default(),
-            created_at: String::new(),
-            updated_at: String::new(),
-        }
-    }
-}
-
-/// What the platform reports about a trigger's firing.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct TriggerStatus {
-    /// When it last fired (RFC 3339).
-    pub last_fired_at: Option<String>,
-    /// When it fires next (RFC 3339); `None` for http triggers and disabled ones.
-    pub next_fire_at: Option<String>,
-    /// How the last firing went, e.g. `200` or an error.
-    pub last_result: Option<String>,
-}
-
-/// A job as the API returns it: its spec, kept as JSON, and the state of its current run.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Job {
-    pub name: String,
-    pub namespace: String,
-    /// `function` or `runtime`/`entrypoint`/`env`, plus `event`, `run_id`, `timeout_sec`,
-    /// `max_attempts`.
-    pub spec: serde_json::Value,
-    pub status: JobStatus,
-    pub created_at: String,
-    pub updated_at: String,
-}
-
-impl Job {
-    /// The spec's `function`, `None` for a self-contained job.
-    pub fn function(&self) -> Option<&str> {
-        self.spec.get("function").and_then(|v| v.as_str())
-    }
-
-    /// The spec's `runtime` (self-contained jobs), `None` for a function job.
-    pub fn runtime(&self) -> Option<&str> {
-        self.spec.get("runtime").and_then(|v| v.as_str())
-    }
-
-    /// The spec's `run_id`: the run the user asked for last.
-    pub fn spec_run_id(&self) -> u64 {
-        self.spec
-            .get("run_id")
-            .and_then(|v| v.as_u64())
-            .unwrap_or(0)
-    }
-
-    /// The spec's `max_attempts` (1 when absent, the API's default).
-    pub fn max_attempts(&self) -> u64 {
-        self.spec
-            .get("max_attempts")
-            .and_then(|v| v.as_u64())
-            .unwrap_or(1)
-    }
-}
-
-/// What the platform reports about a job's current run.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct JobStatus {
-    /// `Pending`, `Building`, `Running`, `Succeeded`, `Failed` or `Skipped`.
-    pub phase: String,
-    /// The run this status describes.
-    pub run_id: u64,
-    /// The handler's return value once the run succeeded.
-    pub result: Option<serde_json::Value>,
-    /// On failure, the error and the tail of the output.
-    pub message: String,
-    pub started_at: Option<String>,
-    pub finished_at: Option<String>,
-    /// Attempts made for this run so far.
-    pub attempts: u32,
-}
-
-impl JobStatus {
-    /// True for the phases a run does not leave: `Succeeded`, `Failed`, `Skipped`.
-    pub fn is_terminal(&self) -> bool {
-        matches!(self.phase.as_str(), "Succeeded" | "Failed" | "Skipped")
-    }
-}
-
-/// One recorded invocation of a function.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Invocation {
-    pub id: String,
-    pub function: String,
-    /// The revision that answered; 0 when no instance did.
-    pub revision: u64,
-    /// `http`, `invoke`, `cron`, `queue` or `job`.
-    pub source: String,
-    pub request_id: String,
-    /// RFC 3339.
-    pub started_at: String,
-    /// How long the call took, in milliseconds (fractional: the server measures finer).
-    pub duration_ms: f64,
-    /// The HTTP status the caller saw.
-    pub status: u16,
-    /// The call waited for a new instance to start.
-    pub cold_start: bool,
-    /// The platform's error, or the handler's exception message.
-    pub error: Option<String>,
 }
 
 /// Filters of `GET .../invocations`; every field set narrows the list.
@@ -323,13 +70,6 @@ impl InvocationQuery {
         push("limit", self.limit.map(|l| l.to_string()));
         pairs
     }
-}
-
-/// The `{"items": [...]}` wrapper every list endpoint uses.
-#[derive(Deserialize)]
-pub(crate) struct Items<T> {
-    #[serde(default = "Vec::new")]
-    pub items: Vec<T>,
 }
 
 #[cfg(test)]
@@ -366,14 +106,14 @@ mod tests {
                 "status":{"next_fire_at":"2025-01-02T02:00:00Z"}}"#,
         )
         .expect("decodes");
-        assert_eq!(t.kind, "cron");
-        assert!(t.enabled, "enabled defaults to true as in the API");
+        assert_eq!(t.kind(), "cron");
+        assert!(t.spec.enabled, "enabled defaults to true as in the API");
         assert_eq!(
             t.status.next_fire_at.as_deref(),
             Some("2025-01-02T02:00:00Z")
         );
         assert_eq!(t.status.last_fired_at, None);
-        assert!(t.methods.is_empty());
+        assert!(t.methods().is_empty());
         // Absent type fields stay absent when the trigger is printed as JSON again.
         let back = serde_json::to_value(&t).expect("encodes");
         assert!(

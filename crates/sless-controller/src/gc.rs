@@ -17,7 +17,6 @@ use std::time::{Duration, SystemTime};
 
 use sless_blob::{BlobError, BlobStore};
 use sless_build::{BuildError, Builder, build_key};
-use sless_core::Runtime;
 use sless_executor::Executor;
 use sless_store::{CodeOwner, JobStore, StorageStore, Store, StoreError};
 use tokio::sync::Notify;
@@ -236,15 +235,13 @@ impl Collector {
             deployed(&j.namespace, &pool_name(&j.name));
         }
         for f in &functions {
-            if let (Some(sha), Ok(rt)) = (&f.code_sha256, Runtime::parse(&f.spec.runtime)) {
-                keep_builds.insert(build_key(&f.namespace, rt.family, &f.spec.entrypoint, sha));
+            if let Some(sha) = &f.code_sha256 {
+                let family = f.spec.runtime.family;
+                keep_builds.insert(build_key(&f.namespace, family, &f.spec.entrypoint, sha));
             }
         }
         for j in &jobs {
-            if let (Some(sha), Some(Ok(rt))) = (
-                &j.code_sha256,
-                j.spec.runtime.as_deref().map(Runtime::parse),
-            ) {
+            if let (Some(sha), Some(rt)) = (&j.code_sha256, &j.spec.runtime) {
                 let entrypoint = j
                     .spec
                     .entrypoint

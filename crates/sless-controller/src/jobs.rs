@@ -13,7 +13,7 @@ use chrono::Utc;
 use sless_blob::BlobStore;
 use sless_build::{BuildError, BuildRequest, Builder};
 use sless_core::invocation::InvocationSource;
-use sless_core::{JobPhase, JobStatus, Runtime};
+use sless_core::{JobPhase, JobStatus};
 use sless_executor::{Deployment, Executor, InvokeError};
 use sless_invoke::{Call, Invoker};
 use sless_logs::LogStore;
@@ -250,13 +250,13 @@ impl Jobs {
         };
         status.phase = JobPhase::Building;
         self.store.set_job_status(ns, name, status).await?;
-        let runtime = match Runtime::parse(spec.runtime.as_deref().unwrap_or_default()) {
-            Ok(r) => r,
-            Err(e) => {
-                fail(status, e.to_string());
-                self.store.set_job_status(ns, name, status).await?;
-                return Ok(None);
-            }
+        let Some(runtime) = spec.runtime.clone() else {
+            fail(
+                status,
+                "runtime: required for a self-contained job".to_string(),
+            );
+            self.store.set_job_status(ns, name, status).await?;
+            return Ok(None);
         };
         let archive = match self.blobs.get(sha).await {
             Ok(a) => a,

@@ -33,7 +33,7 @@ use chrono::Utc;
 use sless_blob::BlobError;
 use sless_blob::BlobStore;
 use sless_build::{BuildError, BuildRequest};
-use sless_core::{FunctionStatus, Phase, Runtime};
+use sless_core::{FunctionStatus, Phase};
 use sless_executor::{DeployError, Deployment};
 use sless_invoke::{FailedFunctions, Failure};
 use sless_logs::LogStore;
@@ -494,10 +494,7 @@ impl Controller {
             return Ok(Action::RequeueAfter(Duration::ZERO));
         }
 
-        let runtime = match Runtime::parse(&record.spec.runtime) {
-            Ok(r) => r,
-            Err(e) => return Err(ReconcileError::InvalidSpec(e.to_string())),
-        };
+        let runtime = record.spec.runtime.clone();
         let archive = match self.blobs.get(&sha).await {
             Ok(archive) => archive,
             // Nothing a retry can fix: the owner must upload the code again.

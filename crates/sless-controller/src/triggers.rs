@@ -47,43 +47,44 @@ impl Triggers {
 
     /// Makes a stored trigger live (or changes it in place).
     pub fn apply(&self, t: &TriggerRecord) {
-        match t.spec.kind {
-            TriggerKind::Http => self.routes.upsert(
+        match &t.spec.kind {
+            TriggerKind::Http { path, methods } => self.routes.upsert(
                 &t.namespace,
                 HttpRoute {
                     trigger: t.name.clone(),
-                    path: t.spec.path.clone().unwrap_or_else(|| "/".into()),
-                    methods: t.spec.methods.clone().unwrap_or_default(),
+                    path: path.clone(),
+                    methods: methods.clone(),
                     function: t.spec.function.clone(),
                     enabled: t.spec.enabled,
                 },
             ),
-            TriggerKind::Cron => {
-                let schedule = t.spec.schedule.as_deref().unwrap_or_default();
-                let timezone = t.spec.timezone.as_deref().unwrap_or("UTC");
-                match Schedule::parse(schedule, timezone) {
-                    Ok(schedule) => {
-                        self.cron.upsert(CronTrigger {
-                            namespace: t.namespace.clone(),
-                            name: t.name.clone(),
-                            function: t.spec.function.clone(),
-                            schedule,
-                            event: t.spec.event.clone().unwrap_or_default(),
-                            enabled: t.spec.enabled,
-                            prewarm_sec: t.spec.prewarm_sec.unwrap_or(0),
-                            state: CronState {
-                                last_fired_at: t.status.last_fired_at,
-                                next_fire_at: t.status.next_fire_at,
-                                last_result: t.status.last_result.clone(),
-                            },
-                        });
-                    }
-                    Err(e) => {
-                        tracing::error!(namespace = %t.namespace, trigger = %t.name, error = %e, "stored schedule is invalid")
-                    }
+            TriggerKind::Cron {
+                schedule,
+                timezone,
+                event,
+                prewarm_sec,
+            } => match Schedule::parse(schedule, timezone) {
+                Ok(schedule) => {
+                    self.cron.upsert(CronTrigger {
+                        namespace: t.namespace.clone(),
+                        name: t.name.clone(),
+                        function: t.spec.function.clone(),
+                        schedule,
+                        event: event.clone(),
+                        enabled: t.spec.enabled,
+                        prewarm_sec: *prewarm_sec,
+                        state: CronState {
+                            last_fired_at: t.status.last_fired_at,
+                            next_fire_at: t.status.next_fire_at,
+                            last_result: t.status.last_result.clone(),
+                        },
+                    });
                 }
-            }
-            TriggerKind::Queue => {}
+                Err(e) => {
+                    tracing::error!(namespace = %t.namespace, trigger = %t.name, error = %e, "stored schedule is invalid")
+                }
+            },
+            TriggerKind::Queue { .. } | TriggerKind::Unknown => {}
         }
     }
 

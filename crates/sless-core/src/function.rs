@@ -12,7 +12,8 @@ use crate::{Runtime, RuntimeFamily, ValidationError};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FunctionSpec {
-    pub runtime: String,
+    /// Checked as it is decoded: an unknown runtime is an error naming `runtime`.
+    pub runtime: Runtime,
     #[serde(default)]
     pub entrypoint: String,
     #[serde(default)]
@@ -66,12 +67,15 @@ impl NetworkMode {
     }
 }
 
+/// A function's (and a self-contained job's) memory limit when its spec says none, in MiB.
+pub const DEFAULT_MEMORY_MB: u32 = 128;
+
 /// A function's CPU limit when its spec says none: one CPU, in millicores.
 pub const DEFAULT_CPU_MILLICORES: u32 = 1000;
 
 mod defaults {
     pub fn memory_mb() -> u32 {
-        128
+        super::DEFAULT_MEMORY_MB
     }
     pub fn cpu() -> u32 {
         super::DEFAULT_CPU_MILLICORES
@@ -109,9 +113,9 @@ pub const SPEC_FIELDS: &[&str] = &[
 
 impl FunctionSpec {
     /// Checks every field against the contract's limits and fills in the default
-    /// entrypoint. Returns the parsed runtime so callers need not parse it twice.
+    /// entrypoint. Returns the runtime (a copy of `self.runtime`) for convenience.
     pub fn validate(&mut self) -> Result<Runtime, ValidationError> {
-        let runtime = Runtime::parse(&self.runtime)?;
+        let runtime = self.runtime.clone();
         if self.entrypoint.is_empty() {
             self.entrypoint = runtime.family.default_entrypoint().to_string();
         }
@@ -303,7 +307,7 @@ mod tests {
     use super::*;
 
     fn spec(json: serde_json::Value) -> Result<FunctionSpec, String> {
-        let mut s: FunctionSpec = serde_json::from_value(json).map_err(|e| e.to_string())?;
+        let mut s: FunctionSpec = crate::tests_support::decode(json)?;
         s.validate().map_err(|e| e.to_string())?;
         Ok(s)
     }

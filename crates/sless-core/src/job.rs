@@ -14,8 +14,9 @@ use crate::{Runtime, RuntimeFamily, ValidationError};
 pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub function: Option<String>,
+    /// Self-contained jobs: checked as it is decoded, like a function's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub runtime: Option<String>,
+    pub runtime: Option<Runtime>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entrypoint: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -90,20 +91,20 @@ impl JobSpec {
                 }
                 Ok(None)
             }
-            (None, Some(_)) => {
+            (None, Some(runtime)) => {
                 // Reuse the function rules for runtime, entrypoint, env and memory.
                 let mut as_fn: crate::FunctionSpec = serde_json::from_value(serde_json::json!({
-                    "runtime": self.runtime,
+                    "runtime": runtime,
                     "entrypoint": self.entrypoint.clone().unwrap_or_default(),
                     "env": self.env,
-                    "memory_mb": self.memory_mb.unwrap_or(128),
+                    "memory_mb": self.memory_mb.unwrap_or(crate::function::DEFAULT_MEMORY_MB),
                 }))
                 .map_err(|e| ValidationError::new("body", e.to_string()))?;
                 let runtime = as_fn.validate()?;
                 if matches!(runtime.family, RuntimeFamily::Go | RuntimeFamily::Custom) {
                     return Err(ValidationError::new(
                         "runtime",
-                        format!("{:?} is not supported by this server yet", as_fn.runtime),
+                        format!("{:?} is not supported by this server yet", runtime.name),
                     ));
                 }
                 self.entrypoint = Some(as_fn.entrypoint);
@@ -160,7 +161,7 @@ mod tests {
     use serde_json::json;
 
     fn spec(v: Value) -> Result<JobSpec, String> {
-        let mut s: JobSpec = serde_json::from_value(v).map_err(|e| e.to_string())?;
+        let mut s: JobSpec = crate::tests_support::decode(v)?;
         s.validate().map_err(|e| e.to_string())?;
         Ok(s)
     }

@@ -17,7 +17,9 @@ pub use function::{FunctionSpec, FunctionStatus, InstanceCounts, NetworkMode, Ph
 pub use job::{JobPhase, JobSpec, JobStatus};
 pub use name::validate_name;
 pub use runtime::{Runtime, RuntimeFamily};
-pub use trigger::{TriggerKind, TriggerSpec, TriggerStatus};
+pub use trigger::{
+    MissedRuns, TriggerFields, TriggerKind, TriggerResult, TriggerSpec, TriggerStatus, TriggerType,
+};
 
 /// A validation failure: which field is wrong and why, in words a user can act on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -35,5 +37,22 @@ impl ValidationError {
             field: field.into(),
             message: message.into(),
         }
+    }
+}
+
+/// Decoding as the API does it, for the tests of the spec modules.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    /// Decodes `v`, naming the offending field as `path: message`.
+    pub fn decode<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, String> {
+        serde_path_to_error::deserialize(v).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            if path.is_empty() || path == "." {
+                inner
+            } else {
+                format!("{path}: {inner}")
+            }
+        })
     }
 }

@@ -1,6 +1,8 @@
 //! Runtime names: a family (`python3`, `nodejs`, `go`, `custom`) plus an optional
 //! version alias that runs on whatever interpreter the host has.
 
+use serde::{Deserialize, Serialize};
+
 use crate::ValidationError;
 
 /// The language family a runtime name belongs to.
@@ -42,7 +44,10 @@ impl RuntimeFamily {
 }
 
 /// A parsed runtime name such as `python3.11` or `nodejs20`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// On the wire it is the name as the user wrote it (a JSON string); decoding checks it
+/// with [`Runtime::parse`], so a spec holding a `Runtime` always names a known family.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Runtime {
     pub family: RuntimeFamily,
     /// The name as the user wrote it, kept so it round-trips through the API.
@@ -88,6 +93,34 @@ impl Runtime {
     }
 }
 
+impl std::fmt::Display for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl std::str::FromStr for Runtime {
+    type Err = ValidationError;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Runtime::parse(name)
+    }
+}
+
+impl Serialize for Runtime {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name)
+    }
+}
+
+impl<'de> Deserialize<'de> for Runtime {
+    /// The error is the message of [`Runtime::parse`]; serde's path (`runtime`) names the field.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Runtime::parse(&name).map_err(|e| serde::de::Error::custom(e.message))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,5 +158,21 @@ mod tests {
             assert_eq!(err.field, "runtime");
             assert!(err.message.contains(&format!("{bad:?}")), "{}", err.message);
         }
+    }
+
+    #[test]
+    fn runtimes_travel_as_the_name_the_user_wrote() {
+        let r: Runtime = serde_json::from_str("\"nodejs20\"").unwrap();
+        assert_eq!(
+            (r.family, r.to_string()),
+            (RuntimeFamily::Nodejs, "nodejs20".into())
+        );
+        assert_eq!(serde_json::to_string(&r).unwrap(), "\"nodejs20\"");
+        let err = serde_json::from_str::<Runtime>("\"cobol\"").unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with(&Runtime::parse("cobol").unwrap_err().message),
+            "{err}"
+        );
     }
 }

@@ -193,7 +193,10 @@ mod tests {
         let j = store.get_job("ns", "j").await.unwrap();
         assert_eq!((j.spec.env.len(), j.generation), (TASKS, 1 + TASKS as u64));
         let t = store.get_trigger("ns", "t").await.unwrap();
-        let event = t.spec.event.as_ref().and_then(Value::as_object).unwrap();
+        let sless_core::trigger::TriggerKind::Cron { event, .. } = &t.spec.kind else {
+            panic!("the trigger is still a cron trigger: {:?}", t.spec.kind);
+        };
+        let event = event.as_object().unwrap();
         assert_eq!((event.len(), t.generation), (TASKS, 1 + TASKS as u64));
     }
 
@@ -333,7 +336,7 @@ mod tests {
                 "ns",
                 "t",
                 &sless_core::TriggerStatus {
-                    last_result: Some("ok".into()),
+                    last_result: Some(sless_core::trigger::TriggerResult::parse("ok")),
                     ..Default::default()
                 },
             )
@@ -350,8 +353,8 @@ mod tests {
         let j = store.get_job("ns", "j").await.unwrap();
         assert_eq!((f.status.message.as_str(), f.generation), ("ready", 1));
         assert_eq!(
-            (t.status.last_result.as_deref(), t.generation),
-            (Some("ok"), 1)
+            (t.status.last_result.map(|r| r.to_string()), t.generation),
+            (Some("ok".to_string()), 1)
         );
         assert_eq!((j.status.message.as_str(), j.generation), ("running", 1));
 

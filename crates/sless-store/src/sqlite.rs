@@ -357,8 +357,7 @@ fn apply_patch(
         );
     };
     let mut patched = sless_core::patch::apply(spec, patch, sless_core::function::SPEC_FIELDS)?;
-    let family = |r: &str| sless_core::Runtime::parse(r).ok().map(|r| r.family);
-    if !fields.contains_key("entrypoint") && family(&patched.runtime) != family(&spec.runtime) {
+    if !fields.contains_key("entrypoint") && patched.runtime.family != spec.runtime.family {
         // Moving to another language without naming an entrypoint takes its default.
         patched.entrypoint.clear();
     }

@@ -72,11 +72,9 @@ fn from_row(row: &SqliteRow) -> Result<TriggerRecord> {
 }
 
 fn kind(spec: &TriggerSpec) -> &'static str {
-    match spec.kind {
-        sless_core::TriggerKind::Http => "http",
-        sless_core::TriggerKind::Cron => "cron",
-        sless_core::TriggerKind::Queue => "queue",
-    }
+    // Stored specs were validated, so their type is always known.
+    spec.trigger_type()
+        .map_or("unknown", sless_core::TriggerType::as_str)
 }
 
 #[async_trait]

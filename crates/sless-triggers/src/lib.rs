@@ -80,13 +80,12 @@ impl FireOutcome {
         self.error.is_none() && self.status < 400
     }
 
-    /// The one-line summary a trigger's `last_result` shows: `ok: status 200`,
+    /// What a trigger's `last_result` shows for it; its text is `ok: status 200`,
     /// `error: status 500` or `error: status 504: timed out after 30s`.
-    pub fn summary(&self) -> String {
-        match (&self.error, self.is_success()) {
-            (Some(err), _) => format!("error: status {}: {err}", self.status),
-            (None, true) => format!("ok: status {}", self.status),
-            (None, false) => format!("error: status {}", self.status),
+    pub fn result(&self) -> sless_core::TriggerResult {
+        sless_core::TriggerResult::Finished {
+            status: self.status,
+            error: self.error.clone(),
         }
     }
 }
@@ -113,17 +112,20 @@ mod tests {
             error: None,
         };
         assert!(ok.is_success());
-        assert_eq!(ok.summary(), "ok: status 200");
+        assert_eq!(ok.result().to_string(), "ok: status 200");
         let bad = FireOutcome {
             status: 500,
             error: None,
         };
         assert!(!bad.is_success());
-        assert_eq!(bad.summary(), "error: status 500");
+        assert_eq!(bad.result().to_string(), "error: status 500");
         let timeout = FireOutcome {
             status: 504,
             error: Some("timed out after 30s".to_string()),
         };
-        assert_eq!(timeout.summary(), "error: status 504: timed out after 30s");
+        assert_eq!(
+            timeout.result().to_string(),
+            "error: status 504: timed out after 30s"
+        );
     }
 }

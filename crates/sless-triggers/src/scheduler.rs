@@ -43,11 +43,12 @@
 //! - **Shutdown.** [`TriggerSource::run`] stops firing when its token is cancelled, then waits up
 //!   to [`SchedulerConfig::drain_timeout`] for invocations in flight, so their results are saved.
 //!
-//! `last_result` is `"running"` while an invocation is in flight, then [`FireOutcome::summary`].
+//! `last_result` is `"running"` while an invocation is in flight, then [`FireOutcome::result`]
+//! (a typed [`TriggerResult`], stored and served as the same one-line text as ever).
 //!
 //! [`upsert`]: CronScheduler::upsert
 //! [`remove`]: CronScheduler::remove
-//! [`FireOutcome::summary`]: crate::FireOutcome::summary
+//! [`FireOutcome::result`]: crate::FireOutcome::result
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -62,6 +63,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use sless_core::{MissedRuns, TriggerResult};
+
 use crate::cron::Schedule;
 use crate::{Fire, FireRequest, TriggerSource};
 
@@ -72,12 +75,6 @@ pub const MAX_SLEEP: Duration = Duration::from_secs(60);
 
 /// How many missed slots are counted one by one before the count is reported as "more than".
 const MAX_COUNTED_SLOTS: u64 = 1000;
-
-/// `last_result` while an invocation is in flight.
-pub const RESULT_RUNNING: &str = "running";
-
-/// `last_result` when a slot was skipped because the previous invocation had not finished.
-pub const RESULT_SKIPPED_OVERLAP: &str = "skipped: previous run still running";
 
 /// The source name of cron invocations ([`TriggerSource::kind`] and [`FireRequest::source`]).
 pub const KIND: &str = "cron";
@@ -115,8 +112,8 @@ pub struct CronState {
     pub last_fired_at: Option<DateTime<Utc>>,
     /// The next slot; `None` when the trigger is disabled or its schedule has no next time.
     pub next_fire_at: Option<DateTime<Utc>>,
-    /// What happened last: `"running"`, an outcome summary, a skip or a missed-runs note.
-    pub last_result: Option<String>,
+    /// What happened last: running, an outcome, a skip or a missed-runs note.
+    pub last_result: Option<TriggerResult>,
 }
 
 /// A cron trigger as the scheduler needs it.
@@ -269,15 +266,15 @@ impl Entry {
             let fire = !capped && now - last <= late_grace;
             let missed = if fire { count - 1 } else { count };
             if missed > 0 {
-                let n = if capped {
-                    format!("more than {MAX_COUNTED_SLOTS}")
+                let runs = if capped {
+                    MissedRuns::MoreThan(MAX_COUNTED_SLOTS)
                 } else {
-                    missed.to_string()
+                    MissedRuns::Exactly(missed)
                 };
-                let note = format!(
-                    "missed {n} run(s) while the server was down (last due {})",
-                    rfc3339(last)
-                );
+                let note = TriggerResult::Missed {
+                    runs,
+                    last_due: last,
+                };
                 tracing::warn!(namespace = %t.namespace, trigger = %t.name, "{note}");
                 t.state.last_result = Some(note);
             }
@@ -287,11 +284,11 @@ impl Entry {
                         namespace = %t.namespace, trigger = %t.name, slot = %rfc3339(last),
                         "cron slot skipped: previous run still running"
                     );
-                    t.state.last_result = Some(RESULT_SKIPPED_OVERLAP.to_string());
+                    t.state.last_result = Some(TriggerResult::SkippedOverlap);
                 } else {
                     self.running = true;
                     t.state.last_fired_at = Some(last);
-                    t.state.last_result = Some(RESULT_RUNNING.to_string());
+                    t.state.last_result = Some(TriggerResult::Running);
                     eval.actions.push(Action::Fire {
                         incarnation: self.incarnation,
                         req: FireRequest {
@@ -514,7 +511,7 @@ impl Shared {
         };
         let outcome = self.fire.fire(req).await;
         tracing::debug!(namespace = %key.0, trigger = %key.1, status = outcome.status, "cron run finished");
-        guard.result = Some(outcome.summary());
+        guard.result = Some(outcome.result());
         drop(guard);
         self.persist(&key).await;
     }
@@ -569,7 +566,7 @@ struct RunGuard<'a> {
     shared: &'a Shared,
     key: &'a Key,
     incarnation: u64,
-    result: Option<String>,
+    result: Option<TriggerResult>,
 }
 
 impl Drop for RunGuard<'_> {
@@ -579,11 +576,8 @@ impl Drop for RunGuard<'_> {
             && entry.incarnation == self.incarnation
         {
             entry.running = false;
-            entry.trigger.state.last_result = Some(
-                self.result
-                    .take()
-                    .unwrap_or_else(|| "error: the invocation was aborted".to_string()),
-            );
+            entry.trigger.state.last_result =
+                Some(self.result.take().unwrap_or(TriggerResult::Aborted));
         }
     }
 }
@@ -619,6 +613,13 @@ impl TriggerSource for CronScheduler {
 
 #[cfg(test)]
 mod tests {
+    fn ok_200() -> TriggerResult {
+        TriggerResult::Finished {
+            status: 200,
+            error: None,
+        }
+    }
+
     use super::*;
     use crate::FireOutcome;
     use serde_json::json;
@@ -837,9 +838,7 @@ mod tests {
             );
         }
         assert_eq!(h.clock.now(), utc("2025-01-01T10:00:03Z"));
-        let state = h
-            .saved_where(|s| s.last_result.as_deref() == Some("ok: status 200"))
-            .await;
+        let state = h.saved_where(|s| s.last_result == Some(ok_200())).await;
         assert_eq!(state.last_fired_at, Some(utc("2025-01-01T10:00:01Z")));
         h.stop().await;
     }
@@ -892,8 +891,8 @@ mod tests {
         assert!(
             state
                 .last_result
-                .as_deref()
-                .is_none_or(|r| !r.starts_with("missed")),
+                .as_ref()
+                .is_none_or(|r| !matches!(r, TriggerResult::Missed { .. })),
             "the disabled time is not counted as missed: {state:?}"
         );
         let (at, _) = h.next_fire().await;
@@ -912,7 +911,7 @@ mod tests {
 
         // The run is held open; the 10:00:02 slot comes and is skipped.
         let state = h
-            .saved_where(|s| s.last_result.as_deref() == Some(RESULT_SKIPPED_OVERLAP))
+            .saved_where(|s| s.last_result == Some(TriggerResult::SkippedOverlap))
             .await;
         assert_eq!(state.last_fired_at, Some(utc("2025-01-01T10:00:01Z")));
         assert_eq!(state.next_fire_at, Some(utc("2025-01-01T10:00:03Z")));
@@ -920,8 +919,7 @@ mod tests {
 
         // Finish the first run; the next slot fires again.
         gate.add_permits(1);
-        h.saved_where(|s| s.last_result.as_deref() == Some("ok: status 200"))
-            .await;
+        h.saved_where(|s| s.last_result == Some(ok_200())).await;
         let (at, _) = h.next_fire().await;
         assert_eq!(at, utc("2025-01-01T10:00:03Z"));
         gate.add_permits(10);
@@ -964,14 +962,18 @@ mod tests {
             state: CronState {
                 last_fired_at: Some(utc("2025-01-01T08:50:00Z")),
                 next_fire_at: Some(utc("2025-01-01T09:00:00Z")),
-                last_result: Some("ok: status 200".to_string()),
+                last_result: Some(ok_200()),
             },
             ..trigger("report", "*/10 * * * *")
         });
         assert_eq!(state.next_fire_at, Some(utc("2025-01-01T10:10:00Z")));
         assert_eq!(state.last_fired_at, Some(utc("2025-01-01T08:50:00Z")));
         assert_eq!(
-            state.last_result.as_deref(),
+            state
+                .last_result
+                .as_ref()
+                .map(ToString::to_string)
+                .as_deref(),
             Some("missed 7 run(s) while the server was down (last due 2025-01-01T10:00:00Z)")
         );
         let saved = h.saved_where(|_| true).await;
@@ -1014,7 +1016,7 @@ mod tests {
             state: CronState {
                 last_fired_at: Some(utc("2025-01-01T10:00:01Z")),
                 next_fire_at: Some(utc("2025-01-01T10:00:02Z")),
-                last_result: Some(RESULT_RUNNING.to_string()),
+                last_result: Some(TriggerResult::Running),
             },
             ..trigger("tick", "* * * * * *")
         });

@@ -163,7 +163,7 @@ fn functions_table(functions: &[Function], url: impl Fn(&Function) -> String) ->
             vec![
                 f.name.clone(),
                 f.runtime().to_string(),
-                f.status.phase.clone(),
+                f.status.phase.to_string(),
                 f.status.revision.to_string(),
                 instances,
                 url(f),
@@ -210,7 +210,7 @@ fn summary(f: &Function, url: &str) -> String {
     let s = &f.status;
     let mut rows = vec![
         ("name", format!("{}/{}", f.namespace, f.name)),
-        ("phase", s.phase.clone()),
+        ("phase", s.phase.to_string()),
         ("revision", s.revision.to_string()),
         ("url", url.to_string()),
         (

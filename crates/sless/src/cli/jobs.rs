@@ -376,7 +376,7 @@ fn jobs_table(jobs: &[Job]) -> String {
             vec![
                 job.name.clone(),
                 target_text(job),
-                job.status.phase.clone(),
+                job.status.phase.to_string(),
                 job.status.run_id.to_string(),
                 format!("{}/{}", job.status.attempts, job.max_attempts()),
                 table::time(job.status.finished_at.as_deref()),
@@ -399,7 +399,7 @@ fn summary(job: &Job) -> String {
     };
     let rows: Vec<(&str, String)> = vec![
         ("name", format!("{}/{}", job.namespace, job.name)),
-        ("phase", s.phase.clone()),
+        ("phase", s.phase.to_string()),
         ("run", s.run_id.to_string()),
         (
             "attempts",

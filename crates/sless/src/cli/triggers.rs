@@ -245,7 +245,7 @@ fn create_body(args: &CreateArgs, event: Option<Value>) -> anyhow::Result<Value>
 
 /// The public URL of an HTTP trigger's route.
 fn route_url(base: &str, trigger: &Trigger) -> String {
-    let path = trigger.path.as_deref().unwrap_or("/");
+    let path = trigger.path().unwrap_or("/");
     format!(
         "{base}/t/{}{}",
         trigger.namespace,
@@ -255,24 +255,24 @@ fn route_url(base: &str, trigger: &Trigger) -> String {
 
 /// One line saying what was created, for `sless trigger create`.
 fn describe_created(t: &Trigger, base: &str) -> String {
-    let state = if t.enabled { "" } else { " (disabled)" };
+    let state = if t.spec.enabled { "" } else { " (disabled)" };
     let head = format!("created trigger {}/{}{state}", t.namespace, t.name);
-    match t.kind.as_str() {
-        "http" => format!("{head}: {} -> {}", route_url(base, t), t.function),
+    match t.kind() {
+        "http" => format!("{head}: {} -> {}", route_url(base, t), t.spec.function),
         "cron" => format!(
             "{head}: {} -> {}, next {}",
             schedule_text(t),
-            t.function,
+            t.spec.function,
             table::time(t.status.next_fire_at.as_deref())
         ),
-        other => format!("{head}: {other} -> {}", t.function),
+        other => format!("{head}: {other} -> {}", t.spec.function),
     }
 }
 
 /// The cron schedule, with its time zone when it is not UTC.
 fn schedule_text(t: &Trigger) -> String {
-    let schedule = t.schedule.clone().unwrap_or_default();
-    match t.timezone.as_deref() {
+    let schedule = t.schedule().unwrap_or_default().to_string();
+    match t.timezone() {
         Some(tz) if !tz.is_empty() && tz != "UTC" => format!("{schedule} ({tz})"),
         _ => schedule,
     }
@@ -283,18 +283,18 @@ const ALL_METHODS: usize = 7;
 
 /// The SCHEDULE/PATH cell: the route (with its methods when limited) or the schedule.
 fn target_text(t: &Trigger) -> String {
-    match t.kind.as_str() {
+    match t.kind() {
         "http" => {
-            let path = t.path.clone().unwrap_or_default();
-            if t.methods.is_empty() || t.methods.len() >= ALL_METHODS {
+            let path = t.path().unwrap_or_default().to_string();
+            if t.methods().is_empty() || t.methods().len() >= ALL_METHODS {
                 path
             } else {
-                format!("{path} ({})", t.methods.join(","))
+                format!("{path} ({})", t.methods().join(","))
             }
         }
         "cron" => schedule_text(t),
         "queue" => {
-            let source = t.source.clone().unwrap_or_default();
+            let source = t.source().cloned().unwrap_or_default();
             let text = |key: &str| source[key].as_str().unwrap_or("").to_string();
             format!("{}:{}", text("kind"), text("topic"))
         }
@@ -305,8 +305,9 @@ fn target_text(t: &Trigger) -> String {
 /// The LAST cell: when it last fired and how that went.
 fn last_text(t: &Trigger) -> String {
     let when = table::time(t.status.last_fired_at.as_deref());
-    match t.status.last_result.as_deref().filter(|r| !r.is_empty()) {
-        Some(result) => format!("{when} ({})", table::one_line(result, 40)),
+    let result = t.status.last_result.as_ref().map(ToString::to_string);
+    match result.filter(|r| !r.is_empty()) {
+        Some(result) => format!("{when} ({})", table::one_line(&result, 40)),
         None => when,
     }
 }
@@ -317,9 +318,9 @@ fn triggers_table(triggers: &[Trigger]) -> String {
         .map(|t| {
             vec![
                 t.name.clone(),
-                t.kind.clone(),
-                t.function.clone(),
-                if t.enabled { "yes" } else { "no" }.to_string(),
+                t.kind().to_string(),
+                t.spec.function.clone(),
+                if t.spec.enabled { "yes" } else { "no" }.to_string(),
                 target_text(t),
                 table::time(t.status.next_fire_at.as_deref()),
                 last_text(t),
@@ -344,33 +345,36 @@ fn triggers_table(triggers: &[Trigger]) -> String {
 fn summary(t: &Trigger, base: &str) -> String {
     let mut rows: Vec<(&str, String)> = vec![
         ("name", format!("{}/{}", t.namespace, t.name)),
-        ("type", t.kind.clone()),
-        ("function", t.function.clone()),
-        ("enabled", if t.enabled { "yes" } else { "no" }.to_string()),
+        ("type", t.kind().to_string()),
+        ("function", t.spec.function.clone()),
+        (
+            "enabled",
+            if t.spec.enabled { "yes" } else { "no" }.to_string(),
+        ),
     ];
-    match t.kind.as_str() {
+    match t.kind() {
         "http" => {
             rows.push(("url", route_url(base, t)));
-            let methods = if t.methods.is_empty() {
+            let methods = if t.methods().is_empty() {
                 "all".to_string()
             } else {
-                t.methods.join(", ")
+                t.methods().join(", ")
             };
             rows.push(("methods", methods));
         }
         "cron" => {
-            rows.push(("schedule", t.schedule.clone().unwrap_or_default()));
-            rows.push(("timezone", t.timezone.clone().unwrap_or_default()));
-            if let Some(event) = &t.event {
+            rows.push(("schedule", t.schedule().unwrap_or_default().to_string()));
+            rows.push(("timezone", t.timezone().unwrap_or_default().to_string()));
+            if let Some(event) = t.event() {
                 rows.push(("event", event.to_string()));
             }
-            if let Some(prewarm) = t.prewarm_sec.filter(|s| *s > 0) {
+            if let Some(prewarm) = t.prewarm_sec().filter(|s| *s > 0) {
                 rows.push(("prewarm", format!("{prewarm}s")));
             }
             rows.push(("next fire", table::time(t.status.next_fire_at.as_deref())));
         }
         _ => {
-            if let Some(source) = &t.source {
+            if let Some(source) = t.source() {
                 rows.push(("source", source.to_string()));
             }
         }
@@ -378,7 +382,11 @@ fn summary(t: &Trigger, base: &str) -> String {
     rows.push(("last fired", table::time(t.status.last_fired_at.as_deref())));
     rows.push((
         "last result",
-        t.status.last_result.clone().unwrap_or_default(),
+        t.status
+            .last_result
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
     ));
     rows.push(("created", t.created_at.clone()));
     rows.push(("updated", t.updated_at.clone()));
@@ -394,7 +402,7 @@ fn summary(t: &Trigger, base: &str) -> String {
 mod tests {
     use clap::Parser;
     use serde_json::json;
-    use sless_client::TriggerStatus;
+    use sless_client::{TriggerKind, TriggerResult, TriggerSpec, TriggerStatus};
 
     use super::*;
 
@@ -513,16 +521,23 @@ mod tests {
         Trigger {
             name: "nightly".into(),
             namespace: "default".into(),
-            function: "report".into(),
-            kind: "cron".into(),
-            schedule: Some("0 3 * * *".into()),
-            timezone: Some("Europe/Berlin".into()),
+            spec: TriggerSpec {
+                function: "report".into(),
+                enabled: true,
+                kind: TriggerKind::Cron {
+                    schedule: "0 3 * * *".into(),
+                    timezone: "Europe/Berlin".into(),
+                    event: json!({}),
+                    prewarm_sec: 0,
+                },
+            },
             status: TriggerStatus {
                 next_fire_at: Some("2025-01-02T02:00:00.000Z".into()),
                 last_fired_at: Some("2025-01-01T02:00:00Z".into()),
-                last_result: Some("200".into()),
+                last_result: Some(TriggerResult::parse("200")),
             },
-            ..Trigger::default()
+            created_at: String::new(),
+            updated_at: String::new(),
         }
     }
 
@@ -530,12 +545,17 @@ mod tests {
         Trigger {
             name: "orders".into(),
             namespace: "default".into(),
-            function: "shop".into(),
-            kind: "http".into(),
-            enabled: false,
-            path: Some("/orders".into()),
-            methods: vec!["GET".into(), "POST".into()],
-            ..Trigger::default()
+            spec: TriggerSpec {
+                function: "shop".into(),
+                enabled: false,
+                kind: TriggerKind::Http {
+                    path: "/orders".into(),
+                    methods: vec!["GET".into(), "POST".into()],
+                },
+            },
+            status: TriggerStatus::default(),
+            created_at: String::new(),
+            updated_at: String::new(),
         }
     }
 

@@ -1,0 +1,547 @@
+//! The wire shapes of the `/v1` API's response bodies, defined once: `sless-api` builds
+//! every body from these types and `sless-client` decodes the same types.
+//!
+//! Decoding is lenient where a newer server may differ: missing fields take defaults,
+//! unknown fields are ignored, and a phase this build does not know decodes as `Unknown`.
+//! The server writes a body through [`to_body`], which orders keys as every body always
+//! had them (sorted), so the bytes on the wire stay what the contract pinned.
+//! Depends on nothing heavier than `sless-core`, serde and chrono.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use sless_core::{TriggerKind, TriggerResult, TriggerSpec, TriggerType};
+
+/// A timestamp as every body writes it: RFC 3339, UTC, milliseconds (`2025-01-31T12:00:00.123Z`).
+pub fn timestamp(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The JSON document a body is sent as: keys sorted at every level, as they always were.
+pub fn to_body<T: Serialize>(body: &T) -> Result<Value, serde_json::Error> {
+    serde_json::to_value(body)
+}
+
+/// Declares a phase enum that travels as its name and decodes names it does not know
+/// as `Unknown(name)`, so a newer server's phase does not break an older client.
+macro_rules! phase_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+        pub enum $name {
+            #[default]
+            $($(#[$vdoc])* $variant,)+
+            /// A phase this build does not know (from a newer server).
+            Unknown(String),
+        }
+
+        impl $name {
+            /// The phase's name, as on the wire.
+            pub fn as_str(&self) -> &str {
+                match self {
+                    $($name::$variant => stringify!($variant),)+
+                    $name::Unknown(name) => name,
+                }
+            }
+
+            /// The phase named `name`; `Unknown` for a name this build does not know.
+            pub fn parse(name: &str) -> Self {
+                match name {
+                    $(stringify!($variant) => $name::$variant,)+
+                    other => $name::Unknown(other.to_string()),
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(name: &str) -> Self {
+                $name::parse(name)
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.as_str() == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.as_str() == *other
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                Ok($name::parse(&String::deserialize(d)?))
+            }
+        }
+    };
+}
+
+phase_enum! {
+    /// The phase of a function's latest revision.
+    FunctionPhase { Pending, Building, Ready, Failed }
+}
+
+phase_enum! {
+    /// The phase of a job's current run.
+    JobPhase { Pending, Building, Running, Succeeded, Failed, Skipped }
+}
+
+impl From<sless_core::Phase> for FunctionPhase {
+    fn from(p: sless_core::Phase) -> Self {
+        match p {
+            sless_core::Phase::Pending => FunctionPhase::Pending,
+            sless_core::Phase::Building => FunctionPhase::Building,
+            sless_core::Phase::Ready => FunctionPhase::Ready,
+            sless_core::Phase::Failed => FunctionPhase::Failed,
+        }
+    }
+}
+
+impl From<sless_core::JobPhase> for JobPhase {
+    fn from(p: sless_core::JobPhase) -> Self {
+        match p {
+            sless_core::JobPhase::Pending => JobPhase::Pending,
+            sless_core::JobPhase::Building => JobPhase::Building,
+            sless_core::JobPhase::Running => JobPhase::Running,
+            sless_core::JobPhase::Succeeded => JobPhase::Succeeded,
+            sless_core::JobPhase::Failed => JobPhase::Failed,
+            sless_core::JobPhase::Skipped => JobPhase::Skipped,
+        }
+    }
+}
+
+impl FunctionPhase {
+    /// True for a phase the platform leaves only on a new revision: `Ready`, `Failed`.
+    pub fn is_settled(&self) -> bool {
+        matches!(self, FunctionPhase::Ready | FunctionPhase::Failed)
+    }
+}
+
+impl JobPhase {
+    /// True for the phases a run does not leave: `Succeeded`, `Failed`, `Skipped`.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            JobPhase::Succeeded | JobPhase::Failed | JobPhase::Skipped
+        )
+    }
+}
+
+/// The `{"items": [...]}` wrapper every list endpoint answers with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Items<T> {
+    #[serde(default = "Vec::new")]
+    pub items: Vec<T>,
+}
+
+impl<T> Items<T> {
+    pub fn new(items: Vec<T>) -> Self {
+        Items { items }
+    }
+}
+
+/// The platform's own error: `{"error": {"code", "message"}}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// The inside of an [`ErrorBody`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ErrorDetail {
+    /// Machine-readable, e.g. `not_found`.
+    pub code: String,
+    /// For people; names the field for `400`.
+    pub message: String,
+}
+
+impl ErrorBody {
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        ErrorBody {
+            error: ErrorDetail {
+                code: code.into(),
+                message: message.into(),
+            },
+        }
+    }
+}
+
+/// `GET /healthz` and `GET /readyz`: `{"status": "ok" | "ready" | "unavailable"}`, plus
+/// what is wrong when unavailable.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Health {
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problems: Option<Vec<String>>,
+}
+
+/// `GET /v1/whoami`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Whoami {
+    pub admin: bool,
+    pub namespaces: Vec<String>,
+}
+
+/// `POST /v1/tokens`: the token, shown this once.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TokenCreated {
+    pub token: String,
+    pub namespace: String,
+}
+
+/// A namespace. Decodes from an object or, as older servers listed them, a bare name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Namespace {
+    pub name: String,
+    /// When it was created (RFC 3339); always sent by this server.
+    pub created_at: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for Namespace {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Wire {
+            Name(String),
+            Object {
+                name: String,
+                #[serde(default)]
+                created_at: Option<String>,
+            },
+        }
+        Ok(match Wire::deserialize(d)? {
+            Wire::Name(name) => Namespace {
+                name,
+                created_at: None,
+            },
+            Wire::Object { name, created_at } => Namespace { name, created_at },
+        })
+    }
+}
+
+/// A function. The server fills `spec` with the typed [`sless_core::FunctionSpec`];
+/// a client reads it as JSON, so spec fields a newer server adds survive a round trip.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Function<S = Value> {
+    pub name: String,
+    pub namespace: String,
+    pub spec: S,
+    pub status: FunctionStatus,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl Function {
+    /// The spec's `runtime`, or `""` when absent.
+    pub fn runtime(&self) -> &str {
+        self.spec
+            .get("runtime")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+    }
+}
+
+/// What the platform reports about a function's latest revision.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FunctionStatus {
+    pub phase: FunctionPhase,
+    /// Why the phase is what it is; on `Failed`, the reason and the tail of the build log.
+    pub message: String,
+    /// The latest revision; `phase` describes this one.
+    pub revision: u64,
+    /// SHA-256 of the uploaded archive, `None` before the first upload.
+    pub code_sha256: Option<String>,
+    /// The public invoke URL, `/fn/{ns}/{name}` on the server.
+    pub url: String,
+    pub instances: InstanceCounts,
+    /// When a build last ran (RFC 3339).
+    pub last_built_at: Option<String>,
+}
+
+impl FunctionStatus {
+    /// True when `phase` is one the platform leaves only on a new revision.
+    pub fn is_settled(&self) -> bool {
+        self.phase.is_settled()
+    }
+}
+
+/// Instances of a function by readiness.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct InstanceCounts {
+    pub ready: u32,
+    pub starting: u32,
+}
+
+impl From<sless_core::InstanceCounts> for InstanceCounts {
+    fn from(c: sless_core::InstanceCounts) -> Self {
+        InstanceCounts {
+            ready: c.ready,
+            starting: c.starting,
+        }
+    }
+}
+
+/// `PUT .../functions/{name}/code` → `202`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CodeUploaded {
+    /// The revision that carries this code.
+    pub revision: u64,
+    /// SHA-256 of the archive as the server computed it.
+    pub code_sha256: String,
+}
+
+/// One file of `GET .../functions/{name}/source`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SourceFile {
+    /// The path inside the archive (`a/b.py`).
+    pub name: String,
+    /// UTF-8 text, or base64 when `binary`.
+    pub content: String,
+    pub binary: bool,
+}
+
+/// A trigger: its spec's fields at the top level (`function`, `type`, `enabled` and
+/// the type's own), plus status and times.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Trigger {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(flatten)]
+    pub spec: TriggerSpec,
+    #[serde(default)]
+    pub status: TriggerStatus,
+    #[serde(default)]
+    pub created_at: String,
+    #[serde(default)]
+    pub updated_at: String,
+}
+
+impl Trigger {
+    /// The type word: `http`, `cron`, `queue` (`unknown` for a newer server's type).
+    pub fn kind(&self) -> &'static str {
+        self.spec
+            .trigger_type()
+            .map_or("unknown", TriggerType::as_str)
+    }
+
+    /// http: the route below `/t/{ns}`.
+    pub fn path(&self) -> Option<&str> {
+        match &self.spec.kind {
+            TriggerKind::Http { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+
+    /// http: the methods the route accepts (empty for other types).
+    pub fn methods(&self) -> &[String] {
+        match &self.spec.kind {
+            TriggerKind::Http { methods, .. } => methods,
+            _ => &[],
+        }
+    }
+
+    /// cron: the schedule expression.
+    pub fn schedule(&self) -> Option<&str> {
+        match &self.spec.kind {
+            TriggerKind::Cron { schedule, .. } => Some(schedule),
+            _ => None,
+        }
+    }
+
+    /// cron: the IANA time zone the schedule is read in.
+    pub fn timezone(&self) -> Option<&str> {
+        match &self.spec.kind {
+            TriggerKind::Cron { timezone, .. } => Some(timezone),
+            _ => None,
+        }
+    }
+
+    /// cron: the event the handler gets (plus `fired_at`).
+    pub fn event(&self) -> Option<&Value> {
+        match &self.spec.kind {
+            TriggerKind::Cron { event, .. } => Some(event),
+            _ => None,
+        }
+    }
+
+    /// queue: `{"kind", "url", "topic"}`.
+    pub fn source(&self) -> Option<&Value> {
+        match &self.spec.kind {
+            TriggerKind::Queue { source } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// cron: seconds before each fire at which an instance is started.
+    pub fn prewarm_sec(&self) -> Option<u32> {
+        match &self.spec.kind {
+            TriggerKind::Cron { prewarm_sec, .. } => Some(*prewarm_sec),
+            _ => None,
+        }
+    }
+}
+
+/// What the platform reports about a trigger's firing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TriggerStatus {
+    /// When it last fired (RFC 3339).
+    pub last_fired_at: Option<String>,
+    /// When it fires next (RFC 3339); `None` for http triggers and disabled ones.
+    pub next_fire_at: Option<String>,
+    /// How the last firing went (its text: `ok: status 200`, `running`, ...).
+    pub last_result: Option<TriggerResult>,
+}
+
+impl From<sless_core::TriggerStatus> for TriggerStatus {
+    fn from(s: sless_core::TriggerStatus) -> Self {
+        TriggerStatus {
+            last_fired_at: s.last_fired_at.map(timestamp),
+            next_fire_at: s.next_fire_at.map(timestamp),
+            last_result: s.last_result,
+        }
+    }
+}
+
+/// A job. The server fills `spec` with the typed [`sless_core::JobSpec`]; a client
+/// reads it as JSON (see [`Function`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Job<S = Value> {
+    pub name: String,
+    pub namespace: String,
+    pub spec: S,
+    pub status: JobStatus,
+    /// Self-contained jobs: SHA-256 of the uploaded archive.
+    pub code_sha256: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl Job {
+    /// The spec's `function`, `None` for a self-contained job.
+    pub fn function(&self) -> Option<&str> {
+        self.spec.get("function").and_then(|v| v.as_str())
+    }
+
+    /// The spec's `runtime` (self-contained jobs), `None` for a function job.
+    pub fn runtime(&self) -> Option<&str> {
+        self.spec.get("runtime").and_then(|v| v.as_str())
+    }
+
+    /// The spec's `run_id`: the run the user asked for last.
+    pub fn spec_run_id(&self) -> u64 {
+        self.spec
+            .get("run_id")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0)
+    }
+
+    /// The spec's `max_attempts` (1 when absent, the API's default).
+    pub fn max_attempts(&self) -> u64 {
+        self.spec
+            .get("max_attempts")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(1)
+    }
+}
+
+/// What the platform reports about a job's current run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct JobStatus {
+    pub phase: JobPhase,
+    /// The run this status describes.
+    pub run_id: u64,
+    /// The handler's return value once the run succeeded.
+    pub result: Option<Value>,
+    /// On failure, the error and the tail of the output.
+    pub message: String,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    /// Attempts made for this run so far.
+    pub attempts: u32,
+}
+
+impl JobStatus {
+    /// True for the phases a run does not leave: `Succeeded`, `Failed`, `Skipped`.
+    pub fn is_terminal(&self) -> bool {
+        self.phase.is_terminal()
+    }
+}
+
+impl From<sless_core::JobStatus> for JobStatus {
+    fn from(s: sless_core::JobStatus) -> Self {
+        JobStatus {
+            phase: s.phase.into(),
+            run_id: s.run_id,
+            result: s.result,
+            message: s.message,
+            started_at: s.started_at.map(timestamp),
+            finished_at: s.finished_at.map(timestamp),
+            attempts: s.attempts,
+        }
+    }
+}
+
+/// `PUT .../jobs/{name}/code` → `202`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct JobCodeUploaded {
+    pub code_sha256: String,
+    /// The run the code is for.
+    pub run_id: u64,
+}
+
+/// One recorded invocation of a function.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Invocation {
+    pub id: String,
+    pub function: String,
+    /// The revision that answered; 0 when no instance did.
+    pub revision: u64,
+    /// `http`, `invoke`, `cron`, `queue` or `job`.
+    pub source: String,
+    pub request_id: String,
+    /// RFC 3339.
+    pub started_at: String,
+    /// How long the call took, in milliseconds (fractional: the server measures finer).
+    pub duration_ms: f64,
+    /// The HTTP status the caller saw.
+    pub status: u16,
+    /// The call waited for a new instance to start.
+    pub cold_start: bool,
+    /// The platform's error, or the handler's exception message.
+    pub error: Option<String>,
+}
+
+#[cfg(test)]
+mod tests;
