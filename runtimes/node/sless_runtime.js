@@ -471,6 +471,9 @@ function makeServer(app) {
       [status, body] = [500, errorBody(errorMessage(err))];
     }
     if (requestId) endRequestOutput(requestId);
+    // The platform collects a request's output from the pipes once it has the answer, so
+    // all of it must be in them first. Node queues what a pipe cannot take at once.
+    if (process.stdout.writableLength > 0 || process.stderr.writableLength > 0) await outputWritten();
     return [status, body];
   }
 
@@ -681,6 +684,13 @@ async function warmUp(codeDir, server, socketPath) {
 
 // Set by main() once stdout/stderr are tagged: flushes a request's unfinished lines.
 let endRequestOutput = () => {};
+
+/** Resolves once everything written to stdout and stderr so far is in their pipes. */
+function outputWritten() {
+  const queued = [process.stdout, process.stderr].filter((stream) => stream.writableLength > 0);
+  // Writes complete in order, so an empty write's callback comes after all queued before it.
+  return Promise.all(queued.map((stream) => new Promise((resolve) => stream.write('', () => resolve()))));
+}
 
 function envInt(name, fallback) {
   const raw = (process.env[name] || '').trim();

@@ -592,6 +592,39 @@ exports.handle = async (event) => {
   });
 });
 
+describe('output and answers', () => {
+  test('everything a handler printed is in the pipes before its answer is sent', async () => {
+    // 4 MiB per stream: far more than a pipe holds, so Node must queue most of it.
+    const shim = new Shim({
+      'handler.js': `exports.handle = async (event) => {
+  const text = ('x'.repeat(1023) + '\\n').repeat(4096);
+  process.stdout.write(text);
+  process.stderr.write(text);
+  if (event.raise) throw new Error('after printing');
+  return 'printed';
+};`,
+    });
+    const perStream = (rid) => 4096 * (`[${rid}] `.length + 1024);
+    // What may still sit in a pipe (its capacity is 64 KiB unless raised, at most 1 MiB).
+    const inPipe = 1 << 20;
+    try {
+      await shim.waitReady();
+      for (const raise of [false, true]) {
+        const rid = raise ? 'raised' : 'returned';
+        const [out, err] = [shim.stdout.length, shim.stderr.length];
+        const answer = await shim.invoke({ raise }, { 'x-sless-request-id': rid });
+        const read = [shim.stdout.length - out, shim.stderr.length - err];
+        assert.equal(answer.status, raise ? 500 : 200);
+        for (const n of read) {
+          assert.ok(n >= perStream(rid) - inPipe, `only ${n} of ${perStream(rid)} bytes were written before the answer`);
+        }
+      }
+    } finally {
+      assert.equal(await shim.stop(), 0);
+    }
+  });
+});
+
 describe('serving failures', () => {
   test('a broken serving loop exits with status 4', async () => {
     const shim = new Shim({

@@ -3,6 +3,8 @@
 Run with: /usr/bin/python3 -m unittest discover -s runtimes/python
 """
 
+import array
+import fcntl
 import http.client
 import json
 import os
@@ -13,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import termios
 import textwrap
 import threading
 import time
@@ -875,6 +878,86 @@ class RequestIdLogTest(unittest.TestCase):
         for line in out_lines[1:]:
             rid, _, text = line.partition("] ")
             self.assertEqual(rid[2:], text.split()[-1], line)
+
+
+class OutputBeforeAnswerTest(unittest.TestCase):
+    """The platform collects a request's output from the pipes once it has the answer, so all
+    of it must be in them before the answer is sent."""
+
+    HANDLERS = {
+        "handler.py": """
+        import sys
+
+        def _print(event, rid):
+            sys.stdout.write(("x" * 1023 + "\\n") * 4096)
+            sys.stderr.write("last line of %s\\n" % rid)
+            print("no newline", end="")
+            if event["raise"]:
+                raise ValueError("after printing")
+            return "printed"
+
+        def handle(event, context):
+            return _print(event, context.request_id)
+
+        async def handle_async(event, context):
+            return _print(event, context.request_id)
+        """
+    }
+
+    def check(self, entrypoint, unbuffered):
+        shim = Shim(self.HANDLERS, entrypoint=entrypoint)
+        if unbuffered:
+            shim.env["PYTHONUNBUFFERED"] = "1"
+        else:
+            shim.env.pop("PYTHONUNBUFFERED", None)
+        shim.start()
+        out = shim.proc.stdout.fileno()
+        try:
+            shim.wait_ready()
+            for raised in (False, True):
+                rid = "raised" if raised else "returned"
+                sock = shim.raw()
+                sock.sendall(invoke_request({"raise": raised}, b"x-sless-request-id: %s\r\n" % rid.encode()))
+                # One thread reads both the pipe (the shim may block writing to it) and the
+                # answer, so no byte is ever between the two counts.
+                got, answer = 0, b""
+                while True:
+                    head, sep, rest = answer.partition(b"\r\n\r\n")
+                    if sep:
+                        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                        if len(rest) >= length:
+                            break
+                    readable, _, _ = select.select([sock, out], [], [], START_TIMEOUT_S)
+                    self.assertTrue(readable, "no answer in time")
+                    if out in readable:
+                        got += len(os.read(out, 1 << 16))
+                    if sock in readable:
+                        chunk = sock.recv(1 << 16)
+                        self.assertTrue(chunk, "connection closed before the answer")
+                        answer += chunk
+                sock.close()
+                waiting = array.array("i", [0])
+                fcntl.ioctl(out, termios.FIONREAD, waiting)
+                self.assertTrue(answer.startswith(b"HTTP/1.1 500" if raised else b"HTTP/1.1 200"), answer)
+                prefix = len("[%s] " % rid)
+                total = 4096 * (prefix + 1024) + prefix + len("no newline\n")
+                self.assertEqual(got + waiting[0], total, "written before the answer")
+                self.assertIn("[%s] last line of %s\n" % (rid, rid), shim.stderr_text())
+                # Take what is left, so the next round counts only its own.
+                while waiting[0] > 0:
+                    waiting[0] -= len(os.read(out, waiting[0]))
+        finally:
+            shim.stop()
+
+    def test_sync_handler(self):
+        for unbuffered in (True, False):
+            with self.subTest(unbuffered=unbuffered):
+                self.check("handler.handle", unbuffered)
+
+    def test_async_handler(self):
+        for unbuffered in (True, False):
+            with self.subTest(unbuffered=unbuffered):
+                self.check("handler.handle_async", unbuffered)
 
 
 class ServingFailureTest(unittest.TestCase):

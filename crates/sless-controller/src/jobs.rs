@@ -25,6 +25,11 @@ type Key = (String, String);
 const SELF_CONTAINED_TIMEOUT: u32 = 600;
 /// Lines of the run's output kept in a failure message.
 const OUTPUT_TAIL: usize = 20;
+/// How long a failed attempt waits for its output to reach the log.
+const OUTPUT_SETTLE_LIMIT: Duration = Duration::from_secs(1);
+/// The wait before attempt n + 1 after attempt n failed: 1 s, 2 s, 4 s … 32 s.
+const ATTEMPT_BACKOFF: sless_core::Backoff =
+    sless_core::Backoff::new(Duration::from_secs(1), Duration::from_secs(32));
 
 pub struct Jobs {
     store: Arc<dyn JobStore>,
@@ -184,9 +189,12 @@ impl Jobs {
                 }
                 (_, error) => {
                     let error = error.unwrap_or_default();
-                    // The attempt's last output lines may still be in the instance's
-                    // pipes (stdout and stderr are read separately); let them land.
-                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    // The shim put the attempt's output in the instance's pipes before
+                    // answering; once they are found empty, all of it is in the log.
+                    // Bounded, as a handler may go on printing from a background thread.
+                    self.executor
+                        .output_settled(ns, &pool, OUTPUT_SETTLE_LIMIT)
+                        .await;
                     status.message = self
                         .failure_message(ns, &pool, &request_id, attempt, &error)
                         .await;
@@ -194,7 +202,7 @@ impl Jobs {
                     if attempt < job.spec.max_attempts {
                         status.phase = JobPhase::Running;
                         self.store.set_job_status(ns, name, &status).await?;
-                        let backoff = Duration::from_secs(1u64 << (attempt - 1).min(5));
+                        let backoff = ATTEMPT_BACKOFF.delay(attempt);
                         tokio::time::sleep(backoff).await;
                     }
                 }

@@ -5,9 +5,11 @@
 //! (of the paused clock), `hang` never answers, `stuck` never answers and stops the
 //! instance's serving loop (liveness probes fail), `crash` makes the instance exit
 //! without answering; anything else answers at once. The answer is the instance's id.
+//! Its output pipes are always found empty, unless [`FakeInstance::keep_output_busy`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,6 +22,7 @@ use tokio::time::Instant;
 use crate::instance::{CallError, SpecialiseError, StartError, StderrTail};
 use crate::launcher::{self, Instance, Launcher, Lifecycle, READY, STOPPING};
 use crate::liveness::Activity;
+use crate::output::{CloseOnDrop, Pipe};
 use crate::{Deployment, InvokeRequest};
 
 /// The entrypoint a fake generic instance refuses to load.
@@ -122,6 +125,15 @@ impl FakeLauncher {
             });
         }
         let (exit_tx, exit_rx) = watch::channel(None);
+        let output = [Pipe::new(), Pipe::new()];
+        let busy_output = Arc::new(AtomicBool::new(false));
+        for pipe in &output {
+            tokio::spawn(fake_pump(
+                pipe.clone(),
+                busy_output.clone(),
+                exit_rx.clone(),
+            ));
+        }
         let instance = Arc::new(FakeInstance {
             id,
             life: Lifecycle::new(),
@@ -132,10 +144,30 @@ impl FakeLauncher {
             last_used: Mutex::new(Instant::now()),
             exit_tx,
             exit_rx,
+            output,
+            busy_output,
         });
         instance.life.set_state(READY);
         self.lock().instances.push(instance.clone());
         Ok(instance)
+    }
+}
+
+/// Stands in for the pump of an output pipe: finds it empty at every look, unless
+/// `busy` (a writer that never lets up); ends when the instance exits.
+async fn fake_pump(
+    pipe: Arc<Pipe>,
+    busy: Arc<AtomicBool>,
+    mut exit: watch::Receiver<Option<Exit>>,
+) {
+    let _closed = CloseOnDrop(pipe.clone());
+    let looks = std::future::poll_fn(|cx| {
+        pipe.on_park(cx.waker(), || !busy.load(Ordering::Acquire));
+        Poll::<()>::Pending
+    });
+    tokio::select! {
+        () = looks => {}
+        _ = exit.wait_for(|e| e.is_some()) => {}
     }
 }
 
@@ -180,6 +212,8 @@ pub struct FakeInstance {
     last_used: Mutex<Instant>,
     exit_tx: watch::Sender<Option<Exit>>,
     exit_rx: watch::Receiver<Option<Exit>>,
+    output: [Arc<Pipe>; 2],
+    busy_output: Arc<AtomicBool>,
 }
 
 impl FakeInstance {
@@ -190,6 +224,11 @@ impl FakeInstance {
             signal: None,
             oom_killed: false,
         }));
+    }
+
+    /// Makes its output pipes never empty, as a writer that never lets up would.
+    pub fn keep_output_busy(&self) {
+        self.busy_output.store(true, Ordering::Release);
     }
 
     /// Whether it was stopped on purpose.
@@ -314,6 +353,10 @@ impl Instance for FakeInstance {
 
     fn exit(&self) -> watch::Receiver<Option<Exit>> {
         self.exit_rx.clone()
+    }
+
+    fn output(&self) -> &[Arc<Pipe>] {
+        &self.output
     }
 
     fn freeze_if_idle(&self, _after: Duration) -> bool {

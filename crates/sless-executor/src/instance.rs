@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 
 use crate::launcher::{self, Launcher, Lifecycle, READY, STOPPING};
 use crate::liveness::Activity;
+use crate::output::{CloseOnDrop, Pipe, Watched};
 use crate::{Deployment, ExecutorConfig, InvokeRequest};
 
 /// Idle connections kept per instance (beyond them, finished connections close).
@@ -71,6 +72,8 @@ pub(crate) struct SandboxInstance {
     /// Where the function's files are linked in when a generic instance is specialised.
     slot: Option<(PathBuf, PathBuf)>,
     sink: Arc<SinkSlot>,
+    /// Its stdout and stderr, as their pumps report on them.
+    output: [Arc<Pipe>; 2],
     conns: Mutex<Vec<Conn<UnixStream>>>,
     life: Lifecycle,
     /// Requests answered so far (any answer shows its serving loop alive).
@@ -461,6 +464,10 @@ impl launcher::Instance for SandboxInstance {
         self.exit.borrow().is_some()
     }
 
+    fn output(&self) -> &[Arc<Pipe>] {
+        &self.output
+    }
+
     fn exit(&self) -> watch::Receiver<Option<Exit>> {
         self.exit.clone()
     }
@@ -568,15 +575,27 @@ async fn launch(
         }
     };
     let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
-    if let Some(out) = child.stdout.take() {
-        tokio::spawn(pump(out, sink.clone(), "stdout", None));
+    let output = [Pipe::new(), Pipe::new()];
+    match child.stdout.take() {
+        Some(out) => {
+            let pipe = output[0].clone();
+            tokio::spawn(pump(out, sink.clone(), "stdout", None, pipe));
+        }
+        None => output[0].close(),
     }
     // Joined after a failed start: it ends once the process's stderr closes, so by
     // then every line it wrote is in `tail`.
-    let stderr_pump: Option<JoinHandle<()>> = child
-        .stderr
-        .take()
-        .map(|err| tokio::spawn(pump(err, sink.clone(), "stderr", Some(tail.clone()))));
+    let stderr_pump: Option<JoinHandle<()>> = match child.stderr.take() {
+        Some(err) => {
+            let pipe = output[1].clone();
+            let tail = Some(tail.clone());
+            Some(tokio::spawn(pump(err, sink.clone(), "stderr", tail, pipe)))
+        }
+        None => {
+            output[1].close();
+            None
+        }
+    };
     let ready = child.ready.take();
     let killer = child.killer();
     // Set right after the start, before the shim has imported anything of the function.
@@ -593,7 +612,7 @@ async fn launch(
         drop(child);
     });
 
-    let output = |tail: &Mutex<VecDeque<String>>| {
+    let stderr_tail = |tail: &Mutex<VecDeque<String>>| {
         StderrTail(
             tail.lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -639,7 +658,7 @@ async fn launch(
             .flatten()
             .or_else(|| exit_rx.borrow().clone());
         let _ = std::fs::remove_dir_all(&run_dir);
-        let output = output(&tail);
+        let output = stderr_tail(&tail);
         return Err(match why {
             NotReady::Exited => StartError::Exited { exit, output },
             NotReady::Pipe(why) => StartError::ReadyPipe { why, output },
@@ -659,6 +678,7 @@ async fn launch(
         run_dir,
         slot,
         sink,
+        output,
         conns: Mutex::new(Vec::new()),
         life: Lifecycle::new(),
         answered: AtomicU64::new(0),
@@ -673,7 +693,7 @@ async fn launch(
         launcher::Instance::cleanup(&*instance);
         return Err(StartError::ReadinessCheck {
             why,
-            output: output(&tail),
+            output: stderr_tail(&tail),
         });
     }
     instance.life.set_state(READY);
@@ -876,13 +896,16 @@ const MAX_PIECE: usize = sless_logs::MAX_LINE - SPLIT_MARKER.len();
 /// Copies an instance's output into its function's log, line by line. A line longer
 /// than [`MAX_PIECE`] is logged in pieces, each but the last ending with
 /// [`SPLIT_MARKER`], so the pump holds at most one piece whatever the instance writes.
-async fn pump<R: AsyncRead + Unpin>(
+/// Each time it finds the pipe empty it tells `pipe` (see [`crate::output`]).
+async fn pump<R: AsyncRead + std::os::fd::AsFd + Unpin>(
     out: R,
     sink: Arc<SinkSlot>,
     stream: &'static str,
     tail: Option<Arc<Mutex<VecDeque<String>>>>,
+    pipe: Arc<Pipe>,
 ) {
-    let mut reader = BufReader::with_capacity(MAX_PIECE, out);
+    let _closed = CloseOnDrop(pipe.clone());
+    let mut reader = BufReader::with_capacity(MAX_PIECE, Watched::new(out, pipe));
     let mut line: Vec<u8> = Vec::new();
     let emit = |bytes: &[u8], split: bool| {
         let text = String::from_utf8_lossy(bytes);
@@ -944,7 +967,15 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = sless_logs::LogStore::new(dir.path().to_path_buf(), 1 << 24).expect("logs");
         let sink = Arc::new(SinkSlot::new(Some(store.sink("ns", "f"))));
-        pump(output, sink, "stdout", None).await;
+        let (mut tx, rx) = tokio::net::unix::pipe::pipe().expect("pipe");
+        let output = output.to_vec();
+        let writer = tokio::spawn(async move {
+            tokio::io::AsyncWriteExt::write_all(&mut tx, &output)
+                .await
+                .expect("write");
+        });
+        pump(rx, sink, "stdout", None, Pipe::new()).await;
+        writer.await.expect("writer");
         store
             .tail("ns", "f", 100)
             .await
@@ -956,6 +987,38 @@ mod tests {
                 text.to_string()
             })
             .collect()
+    }
+
+    #[tokio::test]
+    async fn once_output_settles_every_line_written_before_is_in_the_log() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = sless_logs::LogStore::new(dir.path().to_path_buf(), 1 << 24).expect("logs");
+        let sink = Arc::new(SinkSlot::new(Some(store.sink("ns", "f"))));
+        let mut pipes = Vec::new();
+        let mut writers = Vec::new();
+        for stream in ["stdout", "stderr"] {
+            let (tx, rx) = tokio::net::unix::pipe::pipe().expect("pipe");
+            let pipe = Pipe::new();
+            tokio::spawn(pump(rx, sink.clone(), stream, None, pipe.clone()));
+            pipes.push(pipe);
+            writers.push(tx);
+        }
+        for round in 0..20 {
+            for (i, tx) in writers.iter_mut().enumerate() {
+                let text = format!("[r{round}] line of {i}\n").repeat(50);
+                tokio::io::AsyncWriteExt::write_all(tx, text.as_bytes())
+                    .await
+                    .expect("write");
+            }
+            assert!(crate::output::settled(pipes.clone(), Duration::from_secs(10)).await);
+            let tail = store.tail("ns", "f", 100_000).await.expect("tail");
+            let tagged = format!("[r{round}]");
+            let logged = tail.iter().filter(|l| l.contains(&tagged)).count();
+            assert_eq!(
+                logged, 100,
+                "round {round}: both pipes' lines are in the log"
+            );
+        }
     }
 
     #[tokio::test]

@@ -19,6 +19,7 @@ use tokio::sync::watch;
 
 use crate::instance::{CallError, SpecialiseError, StartError};
 use crate::liveness::Activity;
+use crate::output::Pipe;
 use crate::{Deployment, InvokeRequest};
 
 pub(crate) const STARTING: u8 = 0;
@@ -132,6 +133,12 @@ pub(crate) trait Instance: Send + Sync + 'static {
 
     /// Its exit, once it has one.
     fn exit(&self) -> watch::Receiver<Option<Exit>>;
+
+    /// Its output pipes (stdout, stderr), whose pumps say when they find them empty;
+    /// none when its output is not piped.
+    fn output(&self) -> &[Arc<Pipe>] {
+        &[]
+    }
 
     /// Freezes it if it has been idle for `after`; called under the pool's lock.
     fn freeze_if_idle(&self, after: Duration) -> bool;

@@ -13,6 +13,7 @@
 mod instance;
 mod launcher;
 mod liveness;
+mod output;
 mod pool;
 mod warm;
 
@@ -310,6 +311,20 @@ impl Executor {
     ) -> Result<InvokeResponse, InvokeError> {
         let pool = self.pool(namespace, name).ok_or(InvokeError::NotFound)?;
         pool.invoke(request).await
+    }
+
+    /// Resolves once everything a function's instances wrote to stdout and stderr
+    /// before this call is in its log: each of their output pipes was found empty
+    /// (or closed) after the call began. The shims put a request's output in the
+    /// pipes before answering it, so called after an answer arrived, every line of
+    /// that request is in the log when this resolves with `true`; `false` means
+    /// `limit` passed first (an instance kept its pipes busy). A function that is
+    /// not deployed has nothing to wait for.
+    pub async fn output_settled(&self, namespace: &str, name: &str, limit: Duration) -> bool {
+        match self.pool(namespace, name) {
+            Some(pool) => pool.output_settled(limit).await,
+            None => true,
+        }
     }
 
     /// Starts an instance of a function ahead of expected traffic, unless it has one.

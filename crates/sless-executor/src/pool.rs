@@ -6,6 +6,7 @@
 //! A pool is generic over its [`Launcher`], so its unit tests (in `pool/tests.rs`)
 //! run it with fake instances on a paused clock.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -17,6 +18,7 @@ use tokio::sync::Notify;
 use crate::instance::{CallError, SpecialiseError, StartError};
 use crate::launcher::{DRAINING, Instance, Launcher, READY, STOPPING};
 use crate::liveness::{self, LIVENESS_FAILURES, Outcome};
+use crate::output::Outputs;
 use crate::warm::WarmPool;
 use crate::{DeployError, Deployment, ExecutorConfig, InvokeError, InvokeRequest, InvokeResponse};
 
@@ -39,6 +41,8 @@ pub(crate) struct Pool<L: Launcher> {
     warm: Option<Arc<WarmPool<L>>>,
     state: Mutex<State<L::Instance>>,
     notify: Notify,
+    /// The output pipes of its instances, while their pumps read them.
+    outputs: Outputs,
     me: Weak<Pool<L>>,
 }
 
@@ -89,6 +93,7 @@ impl<L: Launcher> Pool<L> {
                 failures: 0,
             }),
             notify: Notify::new(),
+            outputs: Outputs::default(),
             me: me.clone(),
         })
     }
@@ -119,6 +124,13 @@ impl<L: Launcher> Pool<L> {
 
     pub fn last_error(&self) -> Option<String> {
         self.lock().last_error.clone()
+    }
+
+    /// Resolves with `true` once every output pipe of its instances (those serving,
+    /// draining, or gone but still being read) has been found empty after this call,
+    /// or with `false` once `limit` has passed.
+    pub fn output_settled(&self, limit: Duration) -> impl Future<Output = bool> + Send + 'static {
+        self.outputs.settled(limit)
     }
 
     /// A ready instance of `d`: a pre-started generic one given the function when
@@ -347,6 +359,7 @@ impl<L: Launcher> Pool<L> {
     /// stopped on purpose, reports the crash and replaces it as needed. Meanwhile
     /// checks that its serving loop still answers while it is busy.
     fn watch(&self, instance: &Arc<L::Instance>) {
+        self.outputs.add(instance.output());
         let Some(pool) = self.me.upgrade() else {
             return;
         };

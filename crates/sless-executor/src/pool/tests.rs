@@ -613,3 +613,44 @@ async fn a_busy_instance_whose_loop_answers_is_left_alone() {
     assert!(!r.cold_start);
     assert!(!h.launcher.instances()[0].was_killed());
 }
+
+#[tokio::test(start_paused = true)]
+async fn output_settles_at_once_without_instances_and_when_their_pipes_are_empty() {
+    let d = deployment(1);
+    let h = Harness::new(config(10), &d);
+    let t0 = Instant::now();
+    assert!(h.pool.output_settled(Duration::from_secs(1)).await);
+    assert_eq!(
+        t0.elapsed(),
+        Duration::ZERO,
+        "no instances: nothing to wait for"
+    );
+    h.pool.deploy(d.clone()).await.expect("deploy");
+    h.pool.invoke(request("x")).await.expect("answer");
+    let t0 = Instant::now();
+    assert!(h.pool.output_settled(Duration::from_secs(1)).await);
+    assert_eq!(t0.elapsed(), Duration::ZERO, "empty pipes settle at once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn output_that_never_settles_times_out_and_an_exit_ends_the_wait() {
+    let d = deployment(1);
+    let h = Harness::deployed(config(10), &d).await;
+    let instance = h.launcher.instances()[0].clone();
+    instance.keep_output_busy();
+    let t0 = Instant::now();
+    assert!(!h.pool.output_settled(Duration::from_secs(1)).await);
+    assert_eq!(t0.elapsed(), Duration::from_secs(1), "bounded by the limit");
+    // Once it exits its pumps end (the pipes close), and nothing is left to wait for,
+    // though the pool has forgotten the instance.
+    let waiting = {
+        let pool = h.pool.clone();
+        tokio::spawn(async move { pool.output_settled(Duration::from_secs(60)).await })
+    };
+    pass(Duration::from_millis(10)).await;
+    assert!(!waiting.is_finished());
+    instance.crash();
+    let t0 = Instant::now();
+    assert!(waiting.await.expect("join"));
+    assert_eq!(t0.elapsed(), Duration::ZERO);
+}
