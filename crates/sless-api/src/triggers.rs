@@ -247,3 +247,24 @@ pub async fn delete(
     s.triggers.remove(&ns, &name);
     Ok(StatusCode::NO_CONTENT)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_spec_reads_back_as_the_fields_that_make_it() {
+        for request in [
+            serde_json::json!({"function": "f", "type": "http", "path": "/x/", "methods": ["get"]}),
+            serde_json::json!({"function": "f", "type": "http", "path": "/x", "enabled": false}),
+            serde_json::json!({"function": "f", "type": "cron", "schedule": "* * * * *"}),
+            serde_json::json!({"function": "f", "type": "cron", "schedule": "0 1 * * *",
+                "timezone": "Europe/Paris", "event": {"a": 1}, "prewarm_sec": 5}),
+        ] {
+            let fields: TriggerFields = serde_json::from_value(request.clone()).unwrap();
+            let spec = TriggerSpec::from_fields(fields).unwrap();
+            let again = TriggerSpec::from_fields(fields_of(&spec).unwrap()).unwrap();
+            assert_eq!(again, spec, "{request}");
+        }
+    }
+}
