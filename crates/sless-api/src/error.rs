@@ -145,6 +145,17 @@ impl From<sless_blob::BlobError> for ApiError {
     }
 }
 
+impl From<sless_core::patch::PatchError> for ApiError {
+    /// A patch the client got wrong is `400` naming the field; one the server could
+    /// not apply is its own fault.
+    fn from(e: sless_core::patch::PatchError) -> Self {
+        match e.into_validation() {
+            Ok(invalid) => invalid.into(),
+            Err(e) => ApiError::Internal(e.into()),
+        }
+    }
+}
+
 impl From<sless_core::ValidationError> for ApiError {
     fn from(e: sless_core::ValidationError) -> Self {
         ApiError::BadRequest(e.to_string())

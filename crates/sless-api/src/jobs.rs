@@ -143,11 +143,8 @@ pub async fn get(
 /// The patched job: its spec merged and validated, and a new run's status when
 /// `run_id` changed (refused when lowered other than to 0). Whether it changed.
 fn patched(job: &mut JobRecord, patch: &Value) -> Result<bool, ApiError> {
-    let mut spec: JobSpec = sless_core::patch::apply(&job.spec, patch, sless_core::job::JOB_FIELDS)
-        .map_err(|e| match e.into_validation() {
-            Ok(invalid) => invalid.into(),
-            Err(e) => ApiError::Internal(e.into()),
-        })?;
+    let mut spec: JobSpec =
+        sless_core::patch::apply(&job.spec, patch, sless_core::job::JOB_FIELDS)?;
     spec.validate()?;
     let rerun = spec.run_id != job.spec.run_id;
     if rerun && spec.run_id != 0 && spec.run_id < job.spec.run_id {

@@ -188,11 +188,7 @@ fn patched(s: &AppState, current: &TriggerRecord, patch: &Value) -> Result<Trigg
         &fields_of(&current.spec)?,
         patch,
         sless_core::trigger::TRIGGER_FIELDS,
-    )
-    .map_err(|e| match e.into_validation() {
-        Ok(invalid) => invalid.into(),
-        Err(e) => ApiError::Internal(e.into()),
-    })?;
+    )?;
     if Some(fields.kind) != current.spec.trigger_type() {
         return Err(ApiError::bad(
             "type: a trigger's type cannot change; create a new trigger",
