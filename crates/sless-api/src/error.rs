@@ -44,6 +44,14 @@ pub enum ApiError {
     /// Too many failed attempts from this address; retry after that many seconds.
     #[error("{message}")]
     TooManyRequests { message: String, retry_after: u64 },
+    /// `If-Match` names another version than the object's current one, which is at
+    /// `generation` (sent back as the `ETag`); nothing was changed.
+    #[error("{message}")]
+    PreconditionFailed { message: String, generation: u64 },
+    /// Other writers kept changing the object while this write was applied; nothing
+    /// was changed and the client may retry at once (`503 busy`, `Retry-After: 1`).
+    #[error("{0}")]
+    Busy(String),
     /// Anything else: logged in full, answered as a bare 500.
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
@@ -69,6 +77,15 @@ impl From<StoreError> for ApiError {
                 "namespace {ns:?} still has functions: delete them first or use ?force=true"
             )),
             StoreError::Invalid(v) => ApiError::BadRequest(v.to_string()),
+            StoreError::PreconditionFailed {
+                kind,
+                name,
+                current,
+            } => crate::etag::precondition_failed(kind, &name, current),
+            StoreError::Contended { kind, name } => ApiError::Busy(format!(
+                "{kind} {name:?} is being changed by others at the same time: nothing was changed; try again"
+            )),
+            StoreError::Rejected(e) => ApiError::from_rejection(e),
             e if e.is_storage_full() => {
                 tracing::error!(error = %e, "the metadata store's disk is full");
                 ApiError::InsufficientStorage(
@@ -87,6 +104,31 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl ApiError {
+    /// The error an edit inside a store update refused the change with, back as the
+    /// `ApiError` it was (or, for the other error types edits use, mapped as usual).
+    fn from_rejection(e: Box<dyn std::error::Error + Send + Sync>) -> Self {
+        let e = match e.downcast::<ApiError>() {
+            Ok(api) => return *api,
+            Err(e) => e,
+        };
+        let e = match e.downcast::<sless_core::ValidationError>() {
+            Ok(invalid) => return (*invalid).into(),
+            Err(e) => e,
+        };
+        match e.downcast::<StoreError>() {
+            Ok(store) => (*store).into(),
+            Err(e) => ApiError::Internal(anyhow::anyhow!(e)),
+        }
+    }
+
+    /// Wraps `self` for an edit closure of a store update, which hands it back
+    /// untouched ([`StoreError::Rejected`]); `From<StoreError>` unwraps it.
+    pub(crate) fn reject(self) -> StoreError {
+        StoreError::Rejected(Box::new(self))
+    }
+}
+
 impl From<sless_blob::BlobError> for ApiError {
     fn from(e: sless_blob::BlobError) -> Self {
         match &e {
@@ -99,6 +141,17 @@ impl From<sless_blob::BlobError> for ApiError {
                 )
             }
             _ => ApiError::Internal(e.into()),
+        }
+    }
+}
+
+impl From<sless_core::patch::PatchError> for ApiError {
+    /// A patch the client got wrong is `400` naming the field; one the server could
+    /// not apply is its own fault.
+    fn from(e: sless_core::patch::PatchError) -> Self {
+        match e.into_validation() {
+            Ok(invalid) => invalid.into(),
+            Err(e) => ApiError::Internal(e.into()),
         }
     }
 }
@@ -137,6 +190,26 @@ impl IntoResponse for ApiError {
                     .insert(axum::http::header::RETRY_AFTER, (*retry_after).into());
                 return r;
             }
+            ApiError::PreconditionFailed { generation, .. } => {
+                let mut r = sless_gateway::error_response(
+                    StatusCode::PRECONDITION_FAILED,
+                    "precondition_failed",
+                    &self.to_string(),
+                );
+                r.headers_mut()
+                    .insert(axum::http::header::ETAG, crate::etag::etag(*generation));
+                return r;
+            }
+            ApiError::Busy(_) => {
+                let mut r = sless_gateway::error_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "busy",
+                    &self.to_string(),
+                );
+                r.headers_mut()
+                    .insert(axum::http::header::RETRY_AFTER, 1.into());
+                return r;
+            }
             ApiError::Internal(e) => {
                 tracing::error!(error = ?e, "internal error");
                 return sless_gateway::error_response(
@@ -147,5 +220,46 @@ impl IntoResponse for ApiError {
             }
         };
         sless_gateway::error_response(status, code, &self.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stores_concurrency_errors_map_to_412_503_and_the_edits_own_error() {
+        let stale: ApiError = StoreError::PreconditionFailed {
+            kind: "trigger",
+            name: "t".into(),
+            current: 7,
+        }
+        .into();
+        let r = stale.into_response();
+        assert_eq!(r.status(), StatusCode::PRECONDITION_FAILED);
+        assert_eq!(r.headers()[axum::http::header::ETAG], "\"7\"");
+
+        let busy: ApiError = StoreError::Contended {
+            kind: "job",
+            name: "j".into(),
+        }
+        .into();
+        assert!(busy.to_string().contains("\"j\""), "{busy}");
+        let r = busy.into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[axum::http::header::RETRY_AFTER], "1");
+
+        let conflict: ApiError = ApiError::Conflict("path \"/x\" is taken".into())
+            .reject()
+            .into();
+        assert!(
+            matches!(&conflict, ApiError::Conflict(m) if m == "path \"/x\" is taken"),
+            "{conflict:?}"
+        );
+        let invalid: ApiError =
+            StoreError::Rejected(Box::new(sless_core::ValidationError::new("env", "bad"))).into();
+        assert!(matches!(invalid, ApiError::BadRequest(_)), "{invalid:?}");
+        let other: ApiError = StoreError::Rejected("something else".into()).into();
+        assert!(matches!(other, ApiError::Internal(_)), "{other:?}");
     }
 }

@@ -17,8 +17,9 @@ use sless_core::invocation::InvocationSource;
 use sless_core::{FunctionSpec, FunctionStatus, NetworkMode, Phase};
 use sless_executor::InvokeError;
 use sless_invoke::{Call, Invoker};
-use sless_store::{CodeOwner, FunctionChange, FunctionRecord};
+use sless_store::{CodeOwner, FunctionChange, FunctionRecord, StoreError};
 
+use crate::etag::{IfMatch, tagged};
 use crate::{ApiError, AppState, Caller, JsonBody, body, read_limited};
 
 /// The wire shape of a function, with live instance counts and crash reports.
@@ -122,7 +123,23 @@ pub async fn create(
         updated_at: now,
     };
     s.store.create_function(&record).await?;
-    Ok((StatusCode::CREATED, body(&function_body(&s, &record))?).into_response())
+    Ok(tagged(
+        StatusCode::CREATED,
+        record.generation,
+        body(&function_body(&s, &record))?,
+    ))
+}
+
+/// `400` naming the field when a trigger or job names a `function` that does not
+/// exist in `ns`; a store that fails is reported as what it is.
+pub(crate) async fn check_exists(s: &AppState, ns: &str, function: &str) -> Result<(), ApiError> {
+    match s.store.get_function(ns, function).await {
+        Ok(_) => Ok(()),
+        Err(StoreError::NotFound { .. }) => Err(ApiError::bad(format!(
+            "function: {function:?} does not exist in namespace {ns}"
+        ))),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `"network": "host"` puts a function on the host's network, with the server's own
@@ -157,18 +174,30 @@ pub async fn get(
     State(s): State<AppState>,
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     caller.check(&ns)?;
-    body(&function_body(&s, &s.store.get_function(&ns, &name).await?))
+    let record = s.store.get_function(&ns, &name).await?;
+    Ok(tagged(
+        StatusCode::OK,
+        record.generation,
+        body(&function_body(&s, &record))?,
+    ))
 }
 
+/// A merge patch, applied by the store to the spec as it stands when it writes;
+/// with `If-Match`, only to the version it names.
 pub async fn patch(
     State(s): State<AppState>,
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
+    if_match: IfMatch,
     JsonBody(request): JsonBody,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     caller.check(&ns)?;
+    let before = s.store.get_function(&ns, &name).await?;
+    let expect = if_match
+        .expect("function", &name, async { Ok(before.generation) })
+        .await?;
     if request.get("network").and_then(Value::as_str) == Some(NetworkMode::Host.as_str()) {
         check_network(&s, &caller, NetworkMode::Host)?;
     }
@@ -183,15 +212,18 @@ pub async fn patch(
             )));
         }
     }
-    let before = s.store.get_function(&ns, &name).await?;
     let record = s
         .store
-        .update_function(&ns, &name, None, FunctionChange::Patch(request))
+        .update_function(&ns, &name, expect, FunctionChange::Patch(request))
         .await?;
     if record.revision != before.revision {
         s.controller.enqueue(&ns, &name);
     }
-    body(&function_body(&s, &record))
+    Ok(tagged(
+        StatusCode::OK,
+        record.generation,
+        body(&function_body(&s, &record))?,
+    ))
 }
 
 pub async fn delete(
@@ -215,10 +247,14 @@ pub async fn upload_code(
     State(s): State<AppState>,
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
+    if_match: IfMatch,
     req: Request,
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
-    s.store.get_function(&ns, &name).await?;
+    let current = s.store.get_function(&ns, &name).await?;
+    let expect = if_match
+        .expect("function", &name, async { Ok(current.generation) })
+        .await?;
     let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -286,7 +322,7 @@ pub async fn upload_code(
     let (sha, stored) = store_archive(&s, archive, &ns, CodeOwner::Function(&name)).await?;
     let record = s
         .store
-        .update_function(&ns, &name, None, FunctionChange::Code(sha.clone()))
+        .update_function(&ns, &name, expect, FunctionChange::Code(sha.clone()))
         .await?;
     if stored != Stored::Existing {
         // The archive was missing or corrupt and is whole again: functions that
@@ -304,14 +340,14 @@ pub async fn upload_code(
     s.controller.enqueue(&ns, &name);
     // The code it replaced may now be unused.
     s.collector.nudge();
-    Ok((
+    Ok(tagged(
         StatusCode::ACCEPTED,
+        record.generation,
         body(&CodeUploaded {
             revision: record.revision,
             code_sha256: sha,
         })?,
-    )
-        .into_response())
+    ))
 }
 
 /// Checks an uploaded archive without unpacking it (unsafe paths and links are

@@ -5,7 +5,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use chrono::Utc;
 use serde::Deserialize;
 use serde_json::Value;
@@ -13,6 +13,7 @@ use sless_api_types::{Items, Job, JobCodeUploaded, timestamp};
 use sless_core::{JobPhase, JobSpec, JobStatus};
 use sless_store::JobRecord;
 
+use crate::etag::{IfMatch, tagged};
 use crate::functions::spec_error;
 use crate::{ApiError, AppState, Caller, JsonBody, body, read_limited};
 
@@ -98,7 +99,11 @@ pub async fn create(
     if record.spec.run_id != 0 {
         s.jobs.start(&ns, &name);
     }
-    Ok((StatusCode::CREATED, body(&job_body(&record))?).into_response())
+    Ok(tagged(
+        StatusCode::CREATED,
+        record.generation,
+        body(&job_body(&record))?,
+    ))
 }
 
 /// Longest `?wait=` a job read blocks for, in seconds.
@@ -114,7 +119,7 @@ pub async fn get(
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
     Query(q): Query<WaitQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     caller.check(&ns)?;
     let wait = crate::ranged_param("wait", q.wait.as_deref(), 0, MAX_JOB_WAIT_SECS)?;
     let mut job = s.job_store.get_job(&ns, &name).await?;
@@ -128,52 +133,74 @@ pub async fn get(
             job = s.job_store.get_job(&ns, &name).await?;
         }
     }
-    body(&job_body(&job))
+    Ok(tagged(
+        StatusCode::OK,
+        job.generation,
+        body(&job_body(&job))?,
+    ))
 }
 
+/// The patched job: its spec merged and validated, and a new run's status when
+/// `run_id` changed (refused when lowered other than to 0). Whether it changed.
+fn patched(job: &mut JobRecord, patch: &Value) -> Result<bool, ApiError> {
+    let mut spec: JobSpec =
+        sless_core::patch::apply(&job.spec, patch, sless_core::job::JOB_FIELDS)?;
+    spec.validate()?;
+    let rerun = spec.run_id != job.spec.run_id;
+    if rerun && spec.run_id != 0 && spec.run_id < job.spec.run_id {
+        return Err(ApiError::bad(format!(
+            "run_id: raise it above {} to run the job again",
+            job.spec.run_id
+        )));
+    }
+    // A new run_id is Pending (or Skipped) before the PATCH answers.
+    if rerun {
+        job.status = initial_status(&spec);
+    }
+    job.spec = spec;
+    Ok(rerun)
+}
+
+/// A merge patch, applied by the store to the job as it stands when it writes (see
+/// the trigger's); a changed `run_id` starts (or, at 0, stops) a run once written.
 pub async fn patch(
     State(s): State<AppState>,
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
+    if_match: IfMatch,
     JsonBody(patch): JsonBody,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     caller.check(&ns)?;
-    // Patches of one job are applied one at a time so none is lost.
-    let _serial = s.job_patch_lock.lock().await;
-    let current = s.job_store.get_job(&ns, &name).await?;
-    let mut spec: JobSpec = crate::patch_spec(&current.spec, &patch, sless_core::job::JOB_FIELDS)?;
-    spec.validate()?;
-    let rerun = spec.run_id != current.spec.run_id;
-    if rerun && spec.run_id != 0 && spec.run_id < current.spec.run_id {
-        return Err(ApiError::bad(format!(
-            "run_id: raise it above {} to run the job again",
-            current.spec.run_id
-        )));
+    let expect = if_match
+        .expect("job", &name, async {
+            Ok(s.job_store.get_job(&ns, &name).await?.generation)
+        })
+        .await?;
+    if let Some(Value::String(function)) = patch.get("function") {
+        crate::functions::check_exists(&s, &ns, function).await?;
     }
-    // A new run_id is Pending (or Skipped) before this answers.
-    let status = if rerun {
-        initial_status(&spec)
-    } else {
-        current.status.clone()
-    };
-    s.job_store
-        .update_job(&ns, &name, None, &mut |job| {
-            job.spec = spec.clone();
-            job.status = status.clone();
+    // Set by the attempt that was written (the edit runs once per attempt).
+    let mut rerun = false;
+    let job = s
+        .job_store
+        .update_job(&ns, &name, expect, &mut |job| {
+            rerun = patched(job, &patch).map_err(ApiError::reject)?;
             Ok(())
         })
         .await?;
-    // Read before the new run starts: the answer shows the state this PATCH wrote
-    // (a fast run could otherwise already be over).
-    let job = s.job_store.get_job(&ns, &name).await?;
+    // The answer is the state this PATCH wrote, even if a fast run is over by now.
     if rerun {
-        if spec.run_id == 0 {
+        if job.spec.run_id == 0 {
             s.jobs.stop(&ns, &name);
         } else {
             s.jobs.start(&ns, &name);
         }
     }
-    body(&job_body(&job))
+    Ok(tagged(
+        StatusCode::OK,
+        job.generation,
+        body(&job_body(&job))?,
+    ))
 }
 
 pub async fn delete(
@@ -193,10 +220,14 @@ pub async fn upload_code(
     State(s): State<AppState>,
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
+    if_match: IfMatch,
     req: Request,
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
     let job = s.job_store.get_job(&ns, &name).await?;
+    let expect = if_match
+        .expect("job", &name, async { Ok(job.generation) })
+        .await?;
     if job.spec.function.is_some() {
         return Err(ApiError::Conflict(format!(
             "job {name} runs function {:?}; only self-contained jobs take code",
@@ -223,18 +254,18 @@ pub async fn upload_code(
     let (sha, _) =
         crate::functions::store_archive(&s, archive, &ns, sless_store::CodeOwner::Job(&name))
             .await?;
-    s.job_store.set_job_code(&ns, &name, &sha, None).await?;
+    let record = s.job_store.set_job_code(&ns, &name, &sha, expect).await?;
     if job.spec.run_id != 0
         && !(job.status.run_id == job.spec.run_id && job.status.phase.is_terminal())
     {
         s.jobs.start(&ns, &name);
     }
-    Ok((
+    Ok(tagged(
         StatusCode::ACCEPTED,
+        record.generation,
         body(&JobCodeUploaded {
             code_sha256: sha,
             run_id: job.spec.run_id,
         })?,
-    )
-        .into_response())
+    ))
 }

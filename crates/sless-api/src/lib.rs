@@ -5,6 +5,7 @@
 
 mod auth;
 mod error;
+mod etag;
 mod functions;
 mod invocations;
 mod jobs;
@@ -63,9 +64,6 @@ pub struct AppState {
     /// The running triggers (gateway routes, cron scheduler).
     pub triggers: Arc<Triggers>,
     pub jobs: Arc<Jobs>,
-    /// Serialise read-merge-write patches so concurrent ones never lose edits.
-    pub trigger_patch_lock: Arc<tokio::sync::Mutex<()>>,
-    pub job_patch_lock: Arc<tokio::sync::Mutex<()>>,
     /// Namespace tokens may give functions `"network": "host"` (otherwise only the admin).
     pub allow_host_network: bool,
 }
@@ -300,29 +298,6 @@ pub(crate) fn take_name(body: Value) -> Result<(String, serde_json::Map<String, 
     };
     sless_core::validate_name("name", &name)?;
     Ok((name, fields))
-}
-
-/// Applies a JSON merge patch to a spec: the patch must be an object naming only
-/// `allowed` fields, and the result must decode (errors name the field). The
-/// caller validates the patched spec and serialises concurrent patches.
-/// The result may be another type than `current` that reads the same fields (a
-/// trigger is patched as its strict [`sless_core::TriggerFields`]).
-pub(crate) fn patch_spec<C, T>(current: &C, patch: &Value, allowed: &[&str]) -> Result<T, ApiError>
-where
-    C: serde::Serialize,
-    T: serde::de::DeserializeOwned,
-{
-    let Value::Object(fields) = patch else {
-        return Err(ApiError::bad("body: a patch must be a JSON object"));
-    };
-    if let Some(unknown) = fields.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(ApiError::bad(format!(
-            "{unknown}: unknown field (it cannot be changed with PATCH)"
-        )));
-    }
-    let mut doc = serde_json::to_value(current).map_err(|e| ApiError::Internal(e.into()))?;
-    sless_core::patch::merge(&mut doc, patch);
-    serde_path_to_error::deserialize(doc).map_err(|e| ApiError::bad(functions::spec_error(e)))
 }
 
 /// Reads a whole body, refusing it with `413` past `limit` bytes and with `408`

@@ -3,13 +3,14 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use chrono::Utc;
 use serde_json::Value;
 use sless_api_types::{Items, Trigger, timestamp};
-use sless_core::{TriggerFields, TriggerKind, TriggerSpec, TriggerStatus};
+use sless_core::{TriggerFields, TriggerKind, TriggerSpec, TriggerStatus, TriggerType};
 use sless_store::TriggerRecord;
 
+use crate::etag::{IfMatch, tagged};
 use crate::functions::spec_error;
 use crate::{ApiError, AppState, Caller, JsonBody, body};
 
@@ -93,49 +94,143 @@ pub async fn create(
     };
     s.trigger_store.create_trigger(&record).await?;
     s.triggers.apply(&record);
-    Ok((StatusCode::CREATED, body(&trigger_body(&s, &record))?).into_response())
+    Ok(tagged(
+        StatusCode::CREATED,
+        record.generation,
+        body(&trigger_body(&s, &record))?,
+    ))
 }
 
 pub async fn get(
     State(s): State<AppState>,
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     caller.check(&ns)?;
-    body(&trigger_body(
-        &s,
-        &s.trigger_store.get_trigger(&ns, &name).await?,
+    let record = s.trigger_store.get_trigger(&ns, &name).await?;
+    Ok(tagged(
+        StatusCode::OK,
+        record.generation,
+        body(&trigger_body(&s, &record))?,
     ))
 }
 
-pub async fn patch(
-    State(s): State<AppState>,
-    caller: Caller,
-    Path((ns, name)): Path<(String, String)>,
-    JsonBody(patch): JsonBody,
-) -> Result<Json<Value>, ApiError> {
-    caller.check(&ns)?;
-    // Patches of one trigger are applied one at a time so none is lost.
-    let _serial = s.trigger_patch_lock.lock().await;
-    let current = s.trigger_store.get_trigger(&ns, &name).await?;
-    let fields: TriggerFields =
-        crate::patch_spec(&current.spec, &patch, sless_core::trigger::TRIGGER_FIELDS)?;
+/// A stored spec as the fields a request states, so a patch is decoded as strictly
+/// as a create.
+fn fields_of(spec: &TriggerSpec) -> Result<TriggerFields, ApiError> {
+    let mut fields = TriggerFields {
+        function: spec.function.clone(),
+        kind: TriggerType::Http,
+        enabled: Some(spec.enabled),
+        path: None,
+        methods: None,
+        schedule: None,
+        timezone: None,
+        event: None,
+        prewarm_sec: None,
+        source: None,
+    };
+    match &spec.kind {
+        TriggerKind::Http { path, methods } => {
+            fields.path = Some(path.clone());
+            fields.methods = Some(methods.clone());
+        }
+        TriggerKind::Cron {
+            schedule,
+            timezone,
+            event,
+            prewarm_sec,
+        } => {
+            fields.kind = TriggerType::Cron;
+            fields.schedule = Some(schedule.clone());
+            fields.timezone = Some(timezone.clone());
+            fields.event = Some(event.clone());
+            fields.prewarm_sec = Some(*prewarm_sec);
+        }
+        TriggerKind::Queue { source } => {
+            fields.kind = TriggerType::Queue;
+            fields.source = Some(source.clone());
+        }
+        TriggerKind::Unknown => {
+            return Err(ApiError::Internal(anyhow::anyhow!(
+                "stored trigger has a type this server does not know"
+            )));
+        }
+    }
+    Ok(fields)
+}
+
+/// The checks of [`check`] that need no IO (the cron expression, the http path's
+/// owner), so that they run on the spec as it is about to be written.
+fn check_spec(s: &AppState, ns: &str, name: &str, spec: &TriggerSpec) -> Result<(), ApiError> {
+    match &spec.kind {
+        TriggerKind::Cron {
+            schedule, timezone, ..
+        } => {
+            sless_triggers::Schedule::parse(schedule, timezone)
+                .map_err(|e| ApiError::bad(e.to_string()))?;
+        }
+        TriggerKind::Http { path, .. } => {
+            if let Some(owner) = s.triggers.path_owner(ns, path, name) {
+                return Err(ApiError::Conflict(format!(
+                    "path {path:?} is already served by trigger {owner}"
+                )));
+            }
+        }
+        TriggerKind::Queue { .. } | TriggerKind::Unknown => {}
+    }
+    Ok(())
+}
+
+/// The patched spec of `current`: merged, decoded strictly, validated and checked.
+fn patched(s: &AppState, current: &TriggerRecord, patch: &Value) -> Result<TriggerSpec, ApiError> {
+    let fields = sless_core::patch::apply(
+        &fields_of(&current.spec)?,
+        patch,
+        sless_core::trigger::TRIGGER_FIELDS,
+    )?;
     if Some(fields.kind) != current.spec.trigger_type() {
         return Err(ApiError::bad(
             "type: a trigger's type cannot change; create a new trigger",
         ));
     }
     let spec = TriggerSpec::from_fields(fields)?;
-    check(&s, &ns, &name, &spec).await?;
+    check_spec(s, &current.namespace, &current.name, &spec)?;
+    Ok(spec)
+}
+
+/// A merge patch, applied by the store to the trigger as it stands when it writes
+/// (again, should another writer get there first), so concurrent patches never lose
+/// each other's edits; with `If-Match`, only to the version it names.
+pub async fn patch(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+    if_match: IfMatch,
+    JsonBody(patch): JsonBody,
+) -> Result<Response, ApiError> {
+    caller.check(&ns)?;
+    let expect = if_match
+        .expect("trigger", &name, async {
+            Ok(s.trigger_store.get_trigger(&ns, &name).await?.generation)
+        })
+        .await?;
+    if let Some(Value::String(function)) = patch.get("function") {
+        crate::functions::check_exists(&s, &ns, function).await?;
+    }
     let record = s
         .trigger_store
-        .update_trigger(&ns, &name, None, &mut |t| {
-            t.spec = spec.clone();
+        .update_trigger(&ns, &name, expect, &mut |t| {
+            t.spec = patched(&s, t, &patch).map_err(ApiError::reject)?;
             Ok(())
         })
         .await?;
     s.triggers.apply(&record);
-    body(&trigger_body(&s, &record))
+    Ok(tagged(
+        StatusCode::OK,
+        record.generation,
+        body(&trigger_body(&s, &record))?,
+    ))
 }
 
 pub async fn delete(
@@ -147,4 +242,25 @@ pub async fn delete(
     s.trigger_store.delete_trigger(&ns, &name).await?;
     s.triggers.remove(&ns, &name);
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_spec_reads_back_as_the_fields_that_make_it() {
+        for request in [
+            serde_json::json!({"function": "f", "type": "http", "path": "/x/", "methods": ["get"]}),
+            serde_json::json!({"function": "f", "type": "http", "path": "/x", "enabled": false}),
+            serde_json::json!({"function": "f", "type": "cron", "schedule": "* * * * *"}),
+            serde_json::json!({"function": "f", "type": "cron", "schedule": "0 1 * * *",
+                "timezone": "Europe/Paris", "event": {"a": 1}, "prewarm_sec": 5}),
+        ] {
+            let fields: TriggerFields = serde_json::from_value(request.clone()).unwrap();
+            let spec = TriggerSpec::from_fields(fields).unwrap();
+            let again = TriggerSpec::from_fields(fields_of(&spec).unwrap()).unwrap();
+            assert_eq!(again, spec, "{request}");
+        }
+    }
 }

@@ -491,8 +491,6 @@ async fn build(args: ServeArgs) -> Result<Server> {
         job_store,
         triggers: triggers.clone(),
         jobs: jobs.clone(),
-        trigger_patch_lock: Arc::default(),
-        job_patch_lock: Arc::default(),
         allow_host_network: args.allow_host_network,
     });
     let gateway = sless_gateway::Gateway {

@@ -2,7 +2,7 @@
 //! service with `tower::ServiceExt::oneshot`: no socket, no spawned binary.
 
 use axum::body::Body;
-use axum::http::{Method, Request, StatusCode};
+use axum::http::{HeaderMap, Method, Request, StatusCode};
 use serde_json::Value;
 use sless::serve::{ServeArgs, Server};
 use tower::ServiceExt;
@@ -28,6 +28,8 @@ pub struct Req {
     /// A raw `Authorization` header, sent instead of `Bearer <token>`.
     authorization: Option<String>,
     content_type: Option<String>,
+    /// Other headers (`If-Match`).
+    headers: Vec<(String, String)>,
     body: Vec<u8>,
 }
 
@@ -39,6 +41,7 @@ impl Req {
             token: Some(ADMIN.to_string()),
             authorization: None,
             content_type: None,
+            headers: Vec::new(),
             body: Vec::new(),
         }
     }
@@ -59,6 +62,11 @@ impl Req {
     }
     pub fn token(mut self, token: Option<&str>) -> Req {
         self.token = token.map(str::to_string);
+        self
+    }
+    /// Adds a header (may be repeated).
+    pub fn header(mut self, name: &str, value: &str) -> Req {
+        self.headers.push((name.to_string(), value.to_string()));
         self
     }
     pub fn authorization(mut self, value: &str) -> Req {
@@ -105,6 +113,12 @@ impl App {
 
     /// Sends `req`; the status and the body as JSON (`Value::String` if it is not JSON).
     pub async fn send(&self, req: Req) -> (StatusCode, Value) {
+        let (status, _, body) = self.send_full(req).await;
+        (status, body)
+    }
+
+    /// Sends `req`; the status, the headers and the body as [`App::send`] reads it.
+    pub async fn send_full(&self, req: Req) -> (StatusCode, HeaderMap, Value) {
         let mut builder = Request::builder().method(req.method).uri(&req.path);
         if let Some(value) = &req.authorization {
             builder = builder.header("authorization", value);
@@ -114,6 +128,9 @@ impl App {
         if let Some(ct) = &req.content_type {
             builder = builder.header("content-type", ct);
         }
+        for (name, value) in &req.headers {
+            builder = builder.header(name, value);
+        }
         let request = builder.body(Body::from(req.body)).expect("request");
         let response = self
             .server
@@ -122,12 +139,13 @@ impl App {
             .await
             .expect("infallible");
         let status = response.status();
+        let headers = response.headers().clone();
         let bytes = axum::body::to_bytes(response.into_body(), 16 << 20)
             .await
             .expect("body");
         let body = serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-        (status, body)
+        (status, headers, body)
     }
 
     /// Sends `req` and asserts the contract's error: `status`, `{"error": {"code",
