@@ -10,6 +10,7 @@
 mod auth;
 mod functions;
 mod harness;
+mod job_wait;
 mod namespaces;
 mod objects;
 mod serving;
