@@ -240,6 +240,25 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt;
 
+    /// The shared DTO writes exactly the bytes the error shape always had, escapes included.
+    #[test]
+    fn error_bodies_keep_their_bytes() {
+        for message in [
+            "plain",
+            "quotes \" and \\ backslash",
+            "line\nbreak\ttab \u{1} control",
+            "non-ascii: ü € 🦀 and </script>",
+            "",
+        ] {
+            let before =
+                serde_json::json!({"error": {"code": "invalid", "message": message}}).to_string();
+            assert_eq!(
+                String::from_utf8(error_body("invalid", message)).expect("utf-8"),
+                before
+            );
+        }
+    }
+
     async fn map(ok: bool, body: &str) -> (u16, Option<String>, String, Response) {
         let r = result_response(ok, &Bytes::from(body.to_string()));
         let status = r.status().as_u16();
