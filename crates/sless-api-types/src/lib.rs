@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use sless_core::invocation::InvocationSource;
 pub use sless_core::{TriggerKind, TriggerResult, TriggerSpec, TriggerType};
 
 /// A timestamp as every body writes it: RFC 3339, UTC, milliseconds (`2025-01-31T12:00:00.123Z`).
@@ -529,7 +530,7 @@ pub struct Invocation {
     /// The revision that answered; 0 when no instance did.
     pub revision: u64,
     /// `http`, `invoke`, `cron`, `queue` or `job`.
-    pub source: String,
+    pub source: Source,
     pub request_id: String,
     /// RFC 3339.
     pub started_at: String,
@@ -541,6 +542,60 @@ pub struct Invocation {
     pub cold_start: bool,
     /// The platform's error, or the handler's exception message.
     pub error: Option<String>,
+}
+
+/// What started an invocation, as its record names it: one of the platform's
+/// [`InvocationSource`]s, or (decoding a newer server's answer) a source this build
+/// does not know, so a new kind of invoker does not break an older client.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Source {
+    /// A source this build knows; written as its name (`"http"`).
+    Known(InvocationSource),
+    /// A name this build does not know.
+    Unknown(String),
+}
+
+impl Source {
+    /// The source's name, as on the wire.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Source::Known(s) => s.as_str(),
+            Source::Unknown(name) => name,
+        }
+    }
+}
+
+/// An empty name: what a record without a source decodes as.
+impl Default for Source {
+    fn default() -> Self {
+        Source::Unknown(String::new())
+    }
+}
+
+impl From<InvocationSource> for Source {
+    fn from(s: InvocationSource) -> Self {
+        Source::Known(s)
+    }
+}
+
+impl From<&str> for Source {
+    fn from(name: &str) -> Self {
+        InvocationSource::parse(name)
+            .map_or_else(|| Source::Unknown(name.to_string()), Source::Known)
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for Source {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
 }
 
 #[cfg(test)]

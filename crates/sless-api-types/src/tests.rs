@@ -238,6 +238,22 @@ fn invocation_bodies() {
 }
 
 #[test]
+fn sources_travel_as_their_names_and_unknown_ones_still_decode() {
+    for source in InvocationSource::ALL {
+        let wire = body(&Source::from(source));
+        assert_eq!(wire, json!(source.as_str()));
+        let back: Source = serde_json::from_value(wire).expect("decodes");
+        assert_eq!(back, Source::Known(source));
+    }
+    let newer: Invocation =
+        serde_json::from_value(json!({"id": "1", "source": "device"})).expect("decodes");
+    assert_eq!(newer.source, Source::Unknown("device".into()));
+    assert_eq!(newer.source, "device");
+    assert_eq!(body(&newer)["source"], "device");
+    assert_eq!(Source::from("cron"), Source::Known(InvocationSource::Cron));
+}
+
+#[test]
 fn bodies_are_sent_with_sorted_keys_as_before() {
     let text = serde_json::to_string(&body(&function())).expect("text");
     assert!(text.starts_with(r#"{"created_at":"#), "{text}");

@@ -64,6 +64,18 @@ impl ApiError {
     pub fn not_found(kind: &str, name: &str) -> Self {
         ApiError::NotFound(format!("{kind} {name:?} not found"))
     }
+
+    /// The failure to read the function a trigger or job names (its `function`
+    /// field): a missing one is the request's fault (`400` naming the field), any
+    /// other error is the server's and maps as every store error does.
+    pub fn named_function(e: StoreError, namespace: &str, function: &str) -> Self {
+        match e {
+            StoreError::NotFound { .. } => ApiError::bad(format!(
+                "function: {function:?} does not exist in namespace {namespace}"
+            )),
+            other => other.into(),
+        }
+    }
 }
 
 impl From<StoreError> for ApiError {
@@ -261,5 +273,40 @@ mod tests {
         assert!(matches!(invalid, ApiError::BadRequest(_)), "{invalid:?}");
         let other: ApiError = StoreError::Rejected("something else".into()).into();
         assert!(matches!(other, ApiError::Internal(_)), "{other:?}");
+    }
+
+    async fn answer(e: ApiError) -> (StatusCode, String) {
+        let r = e.into_response();
+        let status = r.status();
+        let body = axum::body::to_bytes(r.into_body(), 1 << 16)
+            .await
+            .expect("a small body");
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// Only a missing function is the request's fault; a store failure is a 500
+    /// that tells the client nothing of it.
+    #[tokio::test]
+    async fn a_named_function_is_missing_only_when_the_store_says_so() {
+        let missing = StoreError::NotFound {
+            kind: "function",
+            name: "hello".into(),
+        };
+        assert_eq!(
+            answer(ApiError::named_function(missing, "team", "hello")).await,
+            (
+                StatusCode::BAD_REQUEST,
+                r#"{"error":{"code":"invalid","message":"function: \"hello\" does not exist in namespace team"}}"#
+                    .to_string()
+            )
+        );
+        let broken = StoreError::Corrupt(serde_json::from_str::<u8>("{").unwrap_err());
+        assert_eq!(
+            answer(ApiError::named_function(broken, "team", "hello")).await,
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                r#"{"error":{"code":"internal","message":"internal error"}}"#.to_string()
+            )
+        );
     }
 }

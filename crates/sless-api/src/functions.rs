@@ -16,7 +16,7 @@ use sless_blob::{BlobError, Stored};
 use sless_core::invocation::InvocationSource;
 use sless_core::{FunctionSpec, FunctionStatus, NetworkMode, Phase};
 use sless_executor::InvokeError;
-use sless_invoke::{Call, Invoker};
+use sless_invoke::Call;
 use sless_store::{CodeOwner, FunctionChange, FunctionRecord, StoreError};
 
 use crate::etag::{IfMatch, tagged};
@@ -514,14 +514,8 @@ pub async fn invoke(
         body
     };
     let request_id = sless_gateway::request_id(&headers);
-    // Not the hot path: the pipeline is put together per call from the state's parts.
-    let invoker = Invoker::new(
-        s.executor.clone(),
-        s.recorder.clone(),
-        s.controller.failed_functions(),
-    );
     let call = Call::new(&ns, &name, InvocationSource::Invoke, &request_id, event);
-    let mut outcome = invoker.invoke(call).await;
+    let mut outcome = s.invoker.invoke(call).await;
     if let Err(InvokeError::NotFound) = outcome.result {
         // A function that exists but cannot serve yet is a failed invocation
         // (recorded); one that does not exist is a 404 (not recorded).

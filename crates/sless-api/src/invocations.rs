@@ -111,7 +111,7 @@ fn invocation_body(r: &InvocationRecord) -> sless_api_types::Invocation {
         id: r.id.clone(),
         function: r.function.clone(),
         revision: r.revision,
-        source: r.source.as_str().to_string(),
+        source: r.source.into(),
         request_id: r.request_id.clone(),
         started_at: timestamp(r.started_at),
         duration_ms: r.duration.as_micros() as f64 / 1000.0,

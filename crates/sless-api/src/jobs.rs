@@ -76,12 +76,11 @@ pub async fn create(
     let mut spec: JobSpec = serde_path_to_error::deserialize(Value::Object(fields))
         .map_err(|e| ApiError::bad(spec_error(e)))?;
     spec.validate()?;
-    if let Some(function) = &spec.function
-        && s.store.get_function(&ns, function).await.is_err()
-    {
-        return Err(ApiError::bad(format!(
-            "function: {function:?} does not exist in namespace {ns}"
-        )));
+    if let Some(function) = &spec.function {
+        s.store
+            .get_function(&ns, function)
+            .await
+            .map_err(|e| ApiError::named_function(e, &ns, function))?;
     }
     let now = Utc::now();
     let status = initial_status(&spec);
@@ -122,14 +121,20 @@ pub async fn get(
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
     let wait = crate::ranged_param("wait", q.wait.as_deref(), 0, MAX_JOB_WAIT_SECS)?;
+    // Taken before the first read, so a change right after it still wakes the wait.
+    let mut changes = wait.map(|_| s.jobs.watch(&ns, &name));
     let mut job = s.job_store.get_job(&ns, &name).await?;
-    if let Some(wait) = wait {
-        // Bounded, and polls the store: the run's status is written there.
+    if let (Some(wait), Some(changes)) = (wait, changes.as_mut()) {
+        // Bounded; the record is read again each time the job's runner, a PATCH
+        // or a delete says it changed.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
-        while !(job.status.run_id == job.spec.run_id && job.status.phase.is_terminal())
-            && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        while !(job.status.run_id == job.spec.run_id && job.status.phase.is_terminal()) {
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                break;
+            }
             job = s.job_store.get_job(&ns, &name).await?;
         }
     }
@@ -212,6 +217,8 @@ pub async fn delete(
     s.job_store.get_job(&ns, &name).await?;
     s.jobs.stop(&ns, &name);
     s.job_store.delete_job(&ns, &name).await?;
+    // Readers waiting on the job read it again and find it gone.
+    s.jobs.changed(&ns, &name);
     s.collector.nudge();
     Ok(StatusCode::NO_CONTENT)
 }

@@ -59,6 +59,8 @@ pub struct AppState {
     pub invocations: Arc<dyn InvocationStore>,
     /// Where `/invoke` records invocations; `None` when recording is off.
     pub recorder: Option<Arc<Recorder>>,
+    /// The invocation pipeline `/invoke` runs calls through: the gateway's, built once.
+    pub invoker: Arc<sless_invoke::Invoker>,
     pub trigger_store: Arc<dyn TriggerStore>,
     pub job_store: Arc<dyn JobStore>,
     /// The running triggers (gateway routes, cron scheduler).

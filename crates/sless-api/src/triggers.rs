@@ -36,12 +36,10 @@ async fn check(s: &AppState, ns: &str, name: &str, spec: &TriggerSpec) -> Result
         sless_triggers::Schedule::parse(schedule, timezone)
             .map_err(|e| ApiError::bad(e.to_string()))?;
     }
-    if s.store.get_function(ns, &spec.function).await.is_err() {
-        return Err(ApiError::bad(format!(
-            "function: {:?} does not exist in namespace {ns}",
-            spec.function
-        )));
-    }
+    s.store
+        .get_function(ns, &spec.function)
+        .await
+        .map_err(|e| ApiError::named_function(e, ns, &spec.function))?;
     if let TriggerKind::Http { path, .. } = &spec.kind
         && let Some(owner) = s.triggers.path_owner(ns, path, name)
     {

@@ -4,6 +4,10 @@
 //!
 //! A run belongs to a `run_id`: raising it starts a new run (and stops an old one
 //! still going); status writes of a stale run are ignored by the store.
+//!
+//! Every status write, start, stop and delete rings the job's [`StatusSignal`], so a
+//! reader waiting for a run to end (`GET .../jobs/{name}?wait=`) reads the record
+//! again only when it may have changed.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -40,6 +44,8 @@ pub struct Jobs {
     /// Attempts go through the invocation pipeline, which records them.
     invoker: Arc<Invoker>,
     running: Mutex<HashMap<Key, tokio::task::JoinHandle<()>>>,
+    /// Rung after every change of a job's record this process makes.
+    changes: StatusSignal,
     me: Weak<Jobs>,
 }
 
@@ -65,6 +71,7 @@ impl Jobs {
             logs,
             invoker,
             running: Mutex::new(HashMap::new()),
+            changes: StatusSignal::default(),
             me: me.clone(),
         })
     }
@@ -100,6 +107,9 @@ impl Jobs {
                 .remove(&task_key);
         });
         running.insert(key, handle);
+        drop(running);
+        // The caller wrote the run's first status (or a new run_id) before starting it.
+        self.changes.notify(namespace, name);
     }
 
     /// Stops a job's run, if one is going (the job is being deleted).
@@ -114,6 +124,32 @@ impl Jobs {
             run.abort();
         }
         self.executor.remove(namespace, &pool_name(name));
+        self.changes.notify(namespace, name);
+    }
+
+    /// A handle that wakes when the job's record may have changed: take it before
+    /// reading the record, so no change after that read goes unseen.
+    pub fn watch(&self, namespace: &str, name: &str) -> StatusWatch<'_> {
+        self.changes.watch(namespace, name)
+    }
+
+    /// Tells readers waiting on the job that its record changed by a path that did
+    /// not go through [`Jobs::start`] or [`Jobs::stop`] (e.g. it was deleted).
+    pub fn changed(&self, namespace: &str, name: &str) {
+        self.changes.notify(namespace, name);
+    }
+
+    /// Writes a run's status (`false`: ignored, the job moved on to another run),
+    /// then wakes the readers waiting on the job.
+    async fn set_status(
+        &self,
+        ns: &str,
+        name: &str,
+        status: &JobStatus,
+    ) -> Result<bool, StoreError> {
+        let written = self.store.set_job_status(ns, name, status).await;
+        self.changes.notify(ns, name);
+        written
     }
 
     async fn run(&self, key: &Key) -> Result<(), StoreError> {
@@ -131,7 +167,7 @@ impl Jobs {
         if run_id == 0 {
             status.phase = JobPhase::Skipped;
             status.message = "run_id is 0: not run".into();
-            self.store.set_job_status(ns, name, &status).await?;
+            self.set_status(ns, name, &status).await?;
             return Ok(());
         }
         if job.status.run_id == run_id && job.status.phase.is_terminal() {
@@ -143,7 +179,7 @@ impl Jobs {
         };
         status.phase = JobPhase::Running;
         status.started_at = Some(Utc::now());
-        self.store.set_job_status(ns, name, &status).await?;
+        self.set_status(ns, name, &status).await?;
 
         let pool = deployment.name.clone();
         let timeout = deployment.timeout_sec;
@@ -152,7 +188,7 @@ impl Jobs {
             status.message = format!("the job could not start: {e}");
             status.finished_at = Some(Utc::now());
             self.executor.remove(ns, &pool);
-            self.store.set_job_status(ns, name, &status).await?;
+            self.set_status(ns, name, &status).await?;
             return Ok(());
         }
         let event = match sless_invoke::encode_event(&job.spec.event) {
@@ -162,7 +198,7 @@ impl Jobs {
                 status.message = e.to_string();
                 status.finished_at = Some(Utc::now());
                 self.executor.remove(ns, &pool);
-                self.store.set_job_status(ns, name, &status).await?;
+                self.set_status(ns, name, &status).await?;
                 return Ok(());
             }
         };
@@ -170,7 +206,7 @@ impl Jobs {
         let label = job.spec.function.clone().unwrap_or_else(|| pool.clone());
         for attempt in 1..=job.spec.max_attempts {
             status.attempts = attempt;
-            self.store.set_job_status(ns, name, &status).await?;
+            self.set_status(ns, name, &status).await?;
             let request_id = sless_invoke::new_request_id();
             let call = Call::new(ns, &pool, InvocationSource::Job, &request_id, event.clone())
                 .recorded_as(&label);
@@ -201,7 +237,7 @@ impl Jobs {
                     status.phase = JobPhase::Failed;
                     if attempt < job.spec.max_attempts {
                         status.phase = JobPhase::Running;
-                        self.store.set_job_status(ns, name, &status).await?;
+                        self.set_status(ns, name, &status).await?;
                         let backoff = ATTEMPT_BACKOFF.delay(attempt);
                         tokio::time::sleep(backoff).await;
                     }
@@ -210,7 +246,7 @@ impl Jobs {
         }
         status.finished_at = Some(Utc::now());
         self.executor.remove(ns, &pool);
-        self.store.set_job_status(ns, name, &status).await?;
+        self.set_status(ns, name, &status).await?;
         Ok(())
     }
 
@@ -236,7 +272,7 @@ impl Jobs {
                         "function {function} has no revision that can run (is it deployed and Ready?)"
                     ),
                 );
-                self.store.set_job_status(ns, name, status).await?;
+                self.set_status(ns, name, status).await?;
                 return Ok(None);
             };
             d.name = pool_name(name);
@@ -253,17 +289,17 @@ impl Jobs {
         let Some(sha) = &job.code_sha256 else {
             status.phase = JobPhase::Pending;
             status.message = "waiting for code: upload a zip archive to .../code".into();
-            self.store.set_job_status(ns, name, status).await?;
+            self.set_status(ns, name, status).await?;
             return Ok(None);
         };
         status.phase = JobPhase::Building;
-        self.store.set_job_status(ns, name, status).await?;
+        self.set_status(ns, name, status).await?;
         let Some(runtime) = spec.runtime.clone() else {
             fail(
                 status,
                 "runtime: required for a self-contained job".to_string(),
             );
-            self.store.set_job_status(ns, name, status).await?;
+            self.set_status(ns, name, status).await?;
             return Ok(None);
         };
         let archive = match self.blobs.get(sha).await {
@@ -280,7 +316,7 @@ impl Jobs {
                     _ => "the job's code could not be read; the server log has the details".into(),
                 };
                 fail(status, message);
-                self.store.set_job_status(ns, name, status).await?;
+                self.set_status(ns, name, status).await?;
                 return Ok(None);
             }
         };
@@ -304,12 +340,12 @@ impl Jobs {
             Ok(o) => o,
             Err(BuildError::Failed { message }) => {
                 fail(status, message);
-                self.store.set_job_status(ns, name, status).await?;
+                self.set_status(ns, name, status).await?;
                 return Ok(None);
             }
             Err(e) => {
                 fail(status, format!("build failed: {e}"));
-                self.store.set_job_status(ns, name, status).await?;
+                self.set_status(ns, name, status).await?;
                 return Ok(None);
             }
         };
@@ -364,5 +400,144 @@ impl Jobs {
             );
         }
         message
+    }
+}
+
+/// A change signal per job: readers [`watch`](StatusSignal::watch) a job and are woken
+/// by every [`notify`](StatusSignal::notify) of it after that. Only jobs someone is
+/// watching have an entry; the last watch to go removes it.
+#[derive(Default)]
+pub struct StatusSignal {
+    watched: Mutex<HashMap<Key, tokio::sync::watch::Sender<()>>>,
+}
+
+/// One reader's subscription to a job's changes (see [`StatusSignal`]).
+pub struct StatusWatch<'a> {
+    signal: &'a StatusSignal,
+    key: Key,
+    changes: Option<tokio::sync::watch::Receiver<()>>,
+}
+
+impl StatusSignal {
+    /// Subscribes to the job's changes from now on.
+    pub fn watch(&self, namespace: &str, name: &str) -> StatusWatch<'_> {
+        let key = (namespace.to_string(), name.to_string());
+        let mut watched = self.watched.lock().unwrap_or_else(|e| e.into_inner());
+        let changes = watched
+            .entry(key.clone())
+            .or_insert_with(|| tokio::sync::watch::channel(()).0)
+            .subscribe();
+        StatusWatch {
+            signal: self,
+            key,
+            changes: Some(changes),
+        }
+    }
+
+    /// Wakes every reader watching the job; nothing when no one is.
+    pub fn notify(&self, namespace: &str, name: &str) {
+        let watched = self.watched.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(sender) = watched.get(&(namespace.to_string(), name.to_string())) {
+            sender.send_replace(());
+        }
+    }
+
+    /// How many jobs are being watched.
+    #[cfg(test)]
+    fn watched(&self) -> usize {
+        self.watched.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+impl StatusWatch<'_> {
+    /// Returns once the job was notified since the watch was taken or this last
+    /// returned (at once if that already happened).
+    pub async fn changed(&mut self) {
+        let Some(changes) = self.changes.as_mut() else {
+            return;
+        };
+        // The sender lives in the signal's map while this receiver does, so this
+        // cannot fail; if it did, returning makes the caller read the record again.
+        let _ = changes.changed().await;
+    }
+}
+
+impl Drop for StatusWatch<'_> {
+    fn drop(&mut self) {
+        let mut watched = self
+            .signal
+            .watched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Under the lock, so no new watch of the job can come between.
+        self.changes = None;
+        if watched
+            .get(&self.key)
+            .is_some_and(|sender| sender.receiver_count() == 0)
+        {
+            watched.remove(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::StatusSignal;
+
+    /// The watch wakes for a change after it was taken, and only then.
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_wakes_on_its_jobs_change_only() {
+        let signal = StatusSignal::default();
+        signal.notify("team", "nightly"); // before the watch: not seen
+        let mut watch = signal.watch("team", "nightly");
+        let quiet = tokio::time::timeout(Duration::from_secs(60), watch.changed()).await;
+        assert!(quiet.is_err(), "no change since the watch was taken");
+
+        signal.notify("team", "other");
+        signal.notify("elsewhere", "nightly");
+        let quiet = tokio::time::timeout(Duration::from_secs(60), watch.changed()).await;
+        assert!(quiet.is_err(), "other jobs' changes do not wake it");
+
+        signal.notify("team", "nightly");
+        tokio::time::timeout(Duration::from_millis(1), watch.changed())
+            .await
+            .expect("a change made after the watch is seen, even before the wait");
+        let quiet = tokio::time::timeout(Duration::from_secs(60), watch.changed()).await;
+        assert!(quiet.is_err(), "a change is seen once");
+    }
+
+    /// A reader parked on the watch is woken by a later change, at that moment.
+    #[tokio::test(start_paused = true)]
+    async fn a_parked_reader_wakes_when_the_job_changes() {
+        let signal = std::sync::Arc::new(StatusSignal::default());
+        let notifier = signal.clone();
+        let start = tokio::time::Instant::now();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(7)).await;
+            notifier.notify("team", "nightly");
+        });
+        let mut watch = signal.watch("team", "nightly");
+        watch.changed().await;
+        assert_eq!(start.elapsed(), Duration::from_secs(7));
+    }
+
+    /// Watches of one job share an entry, both are woken, and the last one to go removes it.
+    #[tokio::test(start_paused = true)]
+    async fn the_last_watch_of_a_job_removes_its_entry() {
+        let signal = StatusSignal::default();
+        let mut a = signal.watch("team", "nightly");
+        let mut b = signal.watch("team", "nightly");
+        assert_eq!(signal.watched(), 1);
+        signal.notify("team", "nightly");
+        a.changed().await;
+        b.changed().await;
+        drop(a);
+        assert_eq!(signal.watched(), 1);
+        drop(b);
+        assert_eq!(signal.watched(), 0);
+        signal.notify("team", "nightly"); // no one watching: nothing kept
+        assert_eq!(signal.watched(), 0);
     }
 }

@@ -27,7 +27,8 @@ use sless_invoke::{Call, HttpRoutes, Invoker, RouteMatch, Target};
 pub use body::{BodyError, read_body};
 pub use event::{MAX_JSON_DEPTH, json_nests_deeper_than};
 pub use response::{
-    error_response, invoke_error_response, public_invoke_error_response, result_response,
+    error_body, error_response, invoke_error_response, public_invoke_error_response,
+    result_response,
 };
 
 /// Whether a caller may invoke a private function.

@@ -14,10 +14,17 @@ const JSON: &str = "application/json";
 const TEXT: &str = "text/plain; charset=utf-8";
 const HTML: &str = "text/html; charset=utf-8";
 
-/// The platform's own error shape: `{"error": {"code", "message"}}`.
+/// The platform's own error shape, `{"error": {"code", "message"}}`
+/// ([`sless_api_types::ErrorBody`]), as a response.
 pub fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
-    let body = serde_json::json!({"error": {"code": code, "message": message}});
-    plain(status, JSON, Bytes::from(body.to_string()))
+    plain(status, JSON, Bytes::from(error_body(code, message)))
+}
+
+/// The bytes of [`sless_api_types::ErrorBody`]: `{"error":{"code":…,"message":…}}`.
+pub fn error_body(code: &str, message: &str) -> Vec<u8> {
+    // A struct of two strings always serialises (no map keys, no floats, no IO).
+    serde_json::to_vec(&sless_api_types::ErrorBody::new(code, message))
+        .expect("an error body always serialises")
 }
 
 /// The status and error a failed invocation answers with.
@@ -232,6 +239,25 @@ fn structured(mut map: serde_json::Map<String, Value>) -> Response {
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+
+    /// The shared DTO writes exactly the bytes the error shape always had, escapes included.
+    #[test]
+    fn error_bodies_keep_their_bytes() {
+        for message in [
+            "plain",
+            "quotes \" and \\ backslash",
+            "line\nbreak\ttab \u{1} control",
+            "non-ascii: ü € 🦀 and </script>",
+            "",
+        ] {
+            let before =
+                serde_json::json!({"error": {"code": "invalid", "message": message}}).to_string();
+            assert_eq!(
+                String::from_utf8(error_body("invalid", message)).expect("utf-8"),
+                before
+            );
+        }
+    }
 
     async fn map(ok: bool, body: &str) -> (u16, Option<String>, String, Response) {
         let r = result_response(ok, &Bytes::from(body.to_string()));

@@ -375,13 +375,15 @@ fn contract_answer(status: u16) -> Vec<u8> {
             "the request is not valid HTTP/1.1 (its request line or a header cannot be parsed)",
         ),
     };
-    let body = serde_json::json!({"error": {"code": code, "message": message}}).to_string();
-    format!(
+    let body = sless_gateway::error_body(code, message);
+    let mut answer = format!(
         "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-         connection: close\r\n\r\n{body}",
+         connection: close\r\n\r\n",
         body.len()
     )
-    .into_bytes()
+    .into_bytes();
+    answer.extend_from_slice(&body);
+    answer
 }
 
 impl tokio::io::AsyncRead for EdgeIo {

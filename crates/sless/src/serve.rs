@@ -487,6 +487,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
         max_invoke_body: (args.max_body_mb * MIB) as usize,
         invocations,
         recorder: recorder.clone(),
+        invoker: invoker.clone(),
         trigger_store: trigger_store.clone(),
         job_store,
         triggers: triggers.clone(),

@@ -159,7 +159,7 @@ fn invocations_table(records: &[Invocation]) -> String {
             vec![
                 table::time_ms(Some(&r.started_at)),
                 r.function.clone(),
-                r.source.clone(),
+                r.source.to_string(),
                 r.status.to_string(),
                 duration_text(r.duration_ms),
                 if r.cold_start { "yes" } else { "no" }.to_string(),

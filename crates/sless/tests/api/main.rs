@@ -11,6 +11,7 @@ mod auth;
 mod concurrency;
 mod functions;
 mod harness;
+mod job_wait;
 mod namespaces;
 mod objects;
 mod serving;
