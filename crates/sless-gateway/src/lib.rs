@@ -1,5 +1,6 @@
 //! The `/fn/{ns}/{name}[/path]` gateway: turns an HTTP request into the handler's
-//! event, invokes the function through the executor and maps the handler's return
+//! event, invokes the function through the invocation pipeline (`sless_invoke::Invoker`)
+//! and maps the handler's return
 //! value back to an HTTP response, following the contract's handler conventions.
 //!
 //! Invariant: nothing here touches the metadata store (the crate graph makes sure:

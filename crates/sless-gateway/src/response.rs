@@ -7,6 +7,7 @@ use base64::Engine;
 use bytes::Bytes;
 use serde_json::Value;
 use sless_executor::InvokeError;
+use sless_invoke::is_start_failure;
 
 use crate::event::HOP_BY_HOP;
 
@@ -64,12 +65,6 @@ pub fn public_invoke_error_response(e: &InvokeError, ns: &str, name: &str) -> Re
 
 /// Longest public summary of a failure, in characters.
 const MAX_PUBLIC_REASON: usize = 200;
-
-/// Whether a failure's text is an instance that could not start (the executor's
-/// `function … could not start: …` and the controller's `revision … could not start: …`).
-fn is_start_failure(text: &str) -> bool {
-    text.contains(" could not start")
-}
 
 /// What a public caller learns of a start failure: that it happened, the exception's
 /// type when the runtime named one (`ValueError`, never its message), and where the

@@ -27,7 +27,6 @@ use sless_executor::{Executor, InvokeError, InvokeRequest, InvokeResponse};
 use sless_records::Recorder;
 
 pub use failed::{FailedFunctions, Failure};
-pub use record::{MAX_ERROR_LEN, handler_error};
 pub use routes::{HttpRoute, HttpRoutes, RouteMatch};
 
 /// The status a handler's exception answers with (unless the caller maps the
@@ -237,12 +236,18 @@ impl<'a> Pipeline<'a> {
     }
 }
 
+/// Whether a failure's text is an instance that could not start (the executor's
+/// `function … could not start: …` and the controller's `revision … could not start: …`).
+pub fn is_start_failure(text: &str) -> bool {
+    text.contains(" could not start")
+}
+
 /// The error every invoker reports for a function whose latest revision failed:
 /// `503 unavailable` with the reason. A start failure keeps its text as the
 /// executor words it (`… could not start: …`), so public callers get the same
 /// summary of it as of a start failing during a call.
 pub fn failed_error(namespace: &str, name: &str, failure: &Failure) -> InvokeError {
-    if failure.message.contains(" could not start") {
+    if is_start_failure(&failure.message) {
         InvokeError::Unavailable(failure.message.clone())
     } else {
         InvokeError::Unavailable(format!(

@@ -148,7 +148,9 @@ fn last_lines(file: &mut File, len: u64, n: usize, chunk: u64) -> io::Result<Vec
     // The final newline ends the last line; it separates nothing.
     let end = len;
     let mut start = end;
-    let mut buf: Vec<u8> = Vec::new();
+    // Chunks newest first, joined once at the end (joining as they come would copy
+    // everything read so far again with every chunk).
+    let mut chunks: Vec<Vec<u8>> = Vec::new();
     let mut separators = 0usize;
     while start > 0 && separators < n {
         let from = start.saturating_sub(chunk.max(1));
@@ -161,10 +163,11 @@ fn last_lines(file: &mut File, len: u64, n: usize, chunk: u64) -> io::Result<Vec
             piece.len()
         };
         separators += piece[..last].iter().filter(|&&b| b == b'\n').count();
-        piece.extend_from_slice(&buf);
-        buf = piece;
+        chunks.push(piece);
         start = from;
     }
+    chunks.reverse();
+    let buf = chunks.concat();
     if buf.is_empty() {
         return Ok(Vec::new());
     }

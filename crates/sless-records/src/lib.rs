@@ -1,7 +1,7 @@
 //! Invocation records off the invoke path: [`Recorder::record`] hands a record to a
 //! bounded channel without waiting, and one background task writes them to a
-//! [`RecordSink`] (the store implements it) in batches (up to `batch_size` records, or whatever arrived
-//! within `batch_interval` of the first). When the channel is full the record is
+//! [`RecordSink`] (the store implements it) in batches (up to `batch_size`
+//! records, or whatever arrived within `batch_interval` of the first). When the channel is full the record is
 //! dropped and counted: recording must never slow or fail an invocation.
 //!
 //! The writer wakes once per batch, not once per record: while a batch gathers it
@@ -88,11 +88,11 @@ struct Stats {
 impl Recorder {
     /// Starts the writer task (on the current Tokio runtime). It ends once the
     /// recorder is dropped and every buffered record is written.
-    pub fn start(store: Arc<dyn RecordSink>, config: RecorderConfig) -> Arc<Self> {
+    pub fn start(sink: Arc<dyn RecordSink>, config: RecorderConfig) -> Arc<Self> {
         let (tx, rx) = mpsc::channel(config.capacity.max(1));
         let stats = Arc::new(Stats::default());
         let nudge = Arc::new(Notify::new());
-        tokio::spawn(write_loop(rx, store, config, stats.clone(), nudge.clone()));
+        tokio::spawn(write_loop(rx, sink, config, stats.clone(), nudge.clone()));
         Arc::new(Self {
             tx,
             nudge,

@@ -183,7 +183,7 @@ impl ServeArgs {
 /// `sless serve`: bind, build, then serve until SIGINT or SIGTERM.
 pub async fn main(mut args: ServeArgs) -> Result<()> {
     init_tracing();
-    let shutdown = shutdown_signal()?;
+    let mut shutdown = Box::pin(shutdown_signal()?);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -195,7 +195,15 @@ pub async fn main(mut args: ServeArgs) -> Result<()> {
     args.listen = bound;
     // Stored functions come back before traffic is taken: connections wait in
     // the listen backlog meanwhile rather than meeting a 404.
-    let server = Server::build(args).await?;
+    // Start-up may take a while (up to a minute bringing functions back): a signal
+    // meanwhile stops the process instead of waiting for it.
+    let server = tokio::select! {
+        server = Server::build(args) => server?,
+        () = &mut shutdown => {
+            tracing::info!("stopped while starting");
+            return Ok(());
+        }
+    };
     // The start line names the bound address (a spawner waits for it to learn the
     // port); with a --public-url elsewhere, the listening address follows.
     let listening = if server.public_url == format!("http://{bound}") {
@@ -227,6 +235,25 @@ pub struct Server {
     executor: Arc<Executor>,
     retention: tokio::task::JoinHandle<()>,
     collecting: tokio::task::JoinHandle<()>,
+    /// Stops the background work of a server dropped without [`Server::run`] (tests
+    /// that only use [`Server::app`]).
+    _stop: StopOnDrop,
+}
+
+/// Cancels the server's background work (triggers, jobs, collection, retention)
+/// when dropped.
+struct StopOnDrop {
+    shutdown: CancellationToken,
+    tasks: [tokio::task::AbortHandle; 2],
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
 }
 
 impl Server {
@@ -530,6 +557,10 @@ async fn build(args: ServeArgs) -> Result<Server> {
         functions,
         conn_limits,
         grace: Duration::from_secs(args.shutdown_grace_sec),
+        _stop: StopOnDrop {
+            shutdown: shutdown.clone(),
+            tasks: [retention.abort_handle(), collecting.abort_handle()],
+        },
         shutdown,
         recorder,
         executor,
