@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use sless_records::{RecordSink, RecorderConfig, SinkError};
 
 use super::*;
+use crate::record::{MAX_ERROR_LEN, handler_error};
 
 /// Keeps what the recorder writes.
 #[derive(Default)]
