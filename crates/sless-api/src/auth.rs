@@ -83,8 +83,14 @@ impl Tokens {
         if let Some(hit) = self.cache().get(&hash, Instant::now()) {
             return Ok(hit.map(Caller::Namespace));
         }
+        // A token deleted while the store is asked must not come back from the
+        // answer: `invalidate` moves the epoch, and an answer from before it is not kept.
+        let epoch = self.cache().epoch;
         let ns = self.store.token_namespace(&hash).await?;
-        self.cache().insert(hash, ns.clone(), Instant::now());
+        let mut cache = self.cache();
+        if cache.epoch == epoch {
+            cache.insert(hash, ns.clone(), Instant::now());
+        }
         Ok(ns.map(Caller::Namespace))
     }
 
@@ -105,6 +111,8 @@ impl Tokens {
 struct TokenCache {
     known: lru::LruCache<String, (String, Instant)>,
     unknown: lru::LruCache<String, Instant>,
+    /// Moves on every [`TokenCache::clear`].
+    epoch: u64,
 }
 
 /// Valid tokens remembered (least recently used go first).
@@ -128,6 +136,7 @@ impl TokenCache {
         Self {
             known: lru::LruCache::new(size(known)),
             unknown: lru::LruCache::new(size(unknown)),
+            epoch: 0,
         }
     }
 
@@ -163,6 +172,7 @@ impl TokenCache {
     }
 
     fn clear(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
         self.known.clear();
         self.unknown.clear();
     }

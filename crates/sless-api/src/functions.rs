@@ -17,7 +17,7 @@ use sless_core::invocation::InvocationSource;
 use sless_core::{FunctionSpec, FunctionStatus, NetworkMode, Phase};
 use sless_executor::InvokeError;
 use sless_invoke::Call;
-use sless_store::{CodeOwner, FunctionChange, FunctionRecord, StoreError};
+use sless_store::{CodeOwner, FunctionChange, FunctionRecord};
 
 use crate::etag::{IfMatch, tagged};
 use crate::{ApiError, AppState, Caller, JsonBody, body, read_limited};
@@ -135,10 +135,7 @@ pub async fn create(
 pub(crate) async fn check_exists(s: &AppState, ns: &str, function: &str) -> Result<(), ApiError> {
     match s.store.get_function(ns, function).await {
         Ok(_) => Ok(()),
-        Err(StoreError::NotFound { .. }) => Err(ApiError::bad(format!(
-            "function: {function:?} does not exist in namespace {ns}"
-        ))),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(ApiError::named_function(e, ns, function)),
     }
 }
 

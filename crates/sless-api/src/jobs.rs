@@ -146,7 +146,7 @@ pub async fn get(
 }
 
 /// The patched job: its spec merged and validated, and a new run's status when
-/// `run_id` changed (refused when lowered other than to 0). Whether it changed.
+/// `run_id` changed (refused when lowered other than to 0). Whether `run_id` changed.
 fn patched(job: &mut JobRecord, patch: &Value) -> Result<bool, ApiError> {
     let mut spec: JobSpec =
         sless_core::patch::apply(&job.spec, patch, sless_core::job::JOB_FIELDS)?;
@@ -194,12 +194,11 @@ pub async fn patch(
         })
         .await?;
     // The answer is the state this PATCH wrote, even if a fast run is over by now.
+    // A new run_id (0 included) restarts the runner, which stops the old run and
+    // reads the job as it stands then: concurrent PATCHes may get here in either
+    // order, and the last restart still acts on the latest run_id (0: Skipped).
     if rerun {
-        if job.spec.run_id == 0 {
-            s.jobs.stop(&ns, &name);
-        } else {
-            s.jobs.start(&ns, &name);
-        }
+        s.jobs.start(&ns, &name);
     }
     Ok(tagged(
         StatusCode::OK,

@@ -391,8 +391,10 @@ impl Controller {
 
     /// One pass making a function's running state match its record. Only the
     /// function's worker runs it (see [`Controller::enqueue`]). A permanent
-    /// failure is written as the `Failed` status of the revision before it is
-    /// returned; a transient one leaves the status as it was (`Building`).
+    /// failure of the function's code or spec is written as the `Failed` status of
+    /// the revision before it is returned; a record the store cannot read has no
+    /// status to write to and is only returned; a transient failure leaves the
+    /// status as it was (`Building`).
     async fn reconcile(&self, key: &Key) -> Result<Action, ReconcileError> {
         let record = match self.store.get_function(&key.0, &key.1).await {
             Ok(r) => r,

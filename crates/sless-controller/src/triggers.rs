@@ -2,7 +2,8 @@
 //! triggers are handed to the cron scheduler, whose fires invoke the function
 //! through the invocation pipeline and whose state is persisted in the store.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use sless_core::invocation::InvocationSource;
@@ -18,6 +19,10 @@ use sless_triggers::{
 pub struct Triggers {
     routes: Arc<HttpRoutes>,
     cron: CronScheduler,
+    /// The generation of each trigger now live. Writers of one trigger may apply
+    /// their records in another order than the store wrote them; an older one than
+    /// what is live is ignored, so the newest spec always ends up running.
+    applied: Mutex<HashMap<(String, String), u64>>,
 }
 
 impl Triggers {
@@ -42,11 +47,22 @@ impl Triggers {
                 tracing::error!(error = %e, "cron scheduler stopped");
             }
         });
-        Arc::new(Self { routes, cron })
+        Arc::new(Self {
+            routes,
+            cron,
+            applied: Mutex::default(),
+        })
     }
 
-    /// Makes a stored trigger live (or changes it in place).
+    /// Makes a stored trigger live (or changes it in place), unless a newer
+    /// generation of it is live already.
     pub fn apply(&self, t: &TriggerRecord) {
+        let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (t.namespace.clone(), t.name.clone());
+        if applied.get(&key).is_some_and(|&live| live > t.generation) {
+            return;
+        }
+        applied.insert(key, t.generation);
         match &t.spec.kind {
             TriggerKind::Http { path, methods } => self.routes.upsert(
                 &t.namespace,
@@ -90,6 +106,10 @@ impl Triggers {
 
     /// Stops a trigger.
     pub fn remove(&self, namespace: &str, name: &str) {
+        self.applied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(namespace.to_string(), name.to_string()));
         self.routes.remove(namespace, name);
         self.cron.remove(namespace, name);
     }

@@ -73,8 +73,8 @@ pub enum TriggerKind {
     },
     /// Messages from a broker: `{"kind", "url", "topic"}`.
     Queue { source: Value },
-    /// A type this build does not know. Only ever decoded from a newer server's answer:
-    /// requests go through [`TriggerFields`], which refuses it.
+    /// A type this build does not know: a newer server's answer, or a record a newer
+    /// build stored. Requests go through [`TriggerFields`], which refuses it.
     #[serde(other, rename = "unknown")]
     Unknown,
 }

@@ -13,7 +13,7 @@ use crate::{Result, StoreError};
 
 /// Attempts of one update before it gives up with [`StoreError::Contended`]. Every lost
 /// attempt means another writer succeeded, so this bounds only pathological contention.
-pub(crate) const MAX_ATTEMPTS: u32 = 16;
+pub(crate) const MAX_ATTEMPTS: u32 = 64;
 
 /// Pause between attempts, jittered so that writers that lost together do not meet again.
 const RETRY: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
