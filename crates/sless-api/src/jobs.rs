@@ -260,9 +260,23 @@ pub async fn upload_code(
     let (sha, _) =
         crate::functions::store_archive(&s, archive, &ns, sless_store::CodeOwner::Job(&name))
             .await?;
-    let record = s.job_store.set_job_code(&ns, &name, &sha, expect).await?;
-    if job.spec.run_id != 0
-        && !(job.status.run_id == job.spec.run_id && job.status.phase.is_terminal())
+    // Checked again on the record the store writes: a PATCH naming a function may
+    // have landed since the read above.
+    let record = s
+        .job_store
+        .update_job(&ns, &name, expect, &mut |job| {
+            if let Some(function) = &job.spec.function {
+                return Err(ApiError::Conflict(format!(
+                    "job {name} runs function {function:?}; only self-contained jobs take code"
+                ))
+                .reject());
+            }
+            job.code_sha256 = Some(sha.clone());
+            Ok(())
+        })
+        .await?;
+    if record.spec.run_id != 0
+        && !(record.status.run_id == record.spec.run_id && record.status.phase.is_terminal())
     {
         s.jobs.start(&ns, &name);
     }
@@ -271,7 +285,7 @@ pub async fn upload_code(
         record.generation,
         body(&JobCodeUploaded {
             code_sha256: sha,
-            run_id: job.spec.run_id,
+            run_id: record.spec.run_id,
         })?,
     ))
 }

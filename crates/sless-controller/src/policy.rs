@@ -52,9 +52,6 @@ pub enum ReconcileError {
         "the stored code archive {0} is corrupt (its bytes no longer match its sha256); upload the code again to repair it"
     )]
     CodeCorrupt(String),
-    /// The stored spec cannot be run (an unknown runtime); permanent.
-    #[error("{0}")]
-    InvalidSpec(String),
     /// The owner's code does not build (or the build timed out, or the runtime
     /// cannot be built here); permanent. The message ends with the build output.
     #[error("{0}")]
@@ -83,7 +80,6 @@ impl ReconcileError {
             }
             ReconcileError::CodeMissing(_)
             | ReconcileError::CodeCorrupt(_)
-            | ReconcileError::InvalidSpec(_)
             | ReconcileError::BuildFailed(_)
             | ReconcileError::StartFailed { .. } => true,
             ReconcileError::Blob { .. }
@@ -118,7 +114,6 @@ mod tests {
         let permanent = [
             ReconcileError::CodeMissing("ab".into()),
             ReconcileError::CodeCorrupt("ab".into()),
-            ReconcileError::InvalidSpec("unknown runtime".into()),
             ReconcileError::BuildFailed("SyntaxError".into()),
             ReconcileError::StartFailed {
                 revision: 3,
