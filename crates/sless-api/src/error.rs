@@ -85,6 +85,7 @@ impl From<StoreError> for ApiError {
             StoreError::Conflict { kind, name } => {
                 ApiError::Conflict(format!("{kind} {name:?} already exists"))
             }
+            e @ StoreError::PathTaken { .. } => ApiError::Conflict(e.to_string()),
             StoreError::NotEmpty(ns) => ApiError::Conflict(format!(
                 "namespace {ns:?} still has functions: delete them first or use ?force=true"
             )),

@@ -200,6 +200,66 @@ mod tests {
         assert_eq!((event.len(), t.generation), (TASKS, 1 + TASKS as u64));
     }
 
+    fn http_trigger(name: &str, path: &str) -> TriggerRecord {
+        let now = Utc::now();
+        TriggerRecord {
+            namespace: "ns".into(),
+            name: name.into(),
+            spec: serde_json::from_value(json!({"function": "f", "type": "http", "path": path}))
+                .unwrap(),
+            status: Default::default(),
+            generation: 1,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_http_path_is_claimed_by_one_trigger_even_when_writers_race() {
+        let (_dir, store) = file_store().await;
+        create_all(&store).await;
+        store
+            .create_trigger(&http_trigger("a", "/a"))
+            .await
+            .unwrap();
+        let taken = store.create_trigger(&http_trigger("b", "/a")).await;
+        assert!(
+            matches!(&taken, Err(StoreError::PathTaken { path, owner }) if path == "/a" && owner == "a"),
+            "{taken:?}"
+        );
+        // Ten triggers race to move onto one free path: exactly one gets it.
+        for i in 0..10 {
+            store
+                .create_trigger(&http_trigger(&format!("t{i}"), &format!("/t{i}")))
+                .await
+                .unwrap();
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..10 {
+            let store = store.clone();
+            tasks.spawn(async move {
+                store
+                    .update_trigger("ns", &format!("t{i}"), None, &mut |t| {
+                        patch(
+                            &mut t.spec,
+                            &json!({"path": "/shared"}),
+                            sless_core::trigger::TRIGGER_FIELDS,
+                        )
+                    })
+                    .await
+            });
+        }
+        let (mut won, mut refused) = (0, 0);
+        while let Some(done) = tasks.join_next().await {
+            match done.unwrap() {
+                Ok(_) => won += 1,
+                Err(StoreError::PathTaken { .. }) => refused += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!((won, refused), (1, 9));
+    }
+
     #[tokio::test]
     async fn an_expected_generation_applies_when_current_and_fails_when_stale() {
         let store = SqliteStore::in_memory().await.unwrap();

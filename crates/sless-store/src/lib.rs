@@ -55,6 +55,9 @@ pub enum StoreError {
     /// (downcast it to recover the caller's type).
     #[error("{0}")]
     Rejected(Box<dyn std::error::Error + Send + Sync>),
+    /// Another HTTP trigger of the namespace already routes this path.
+    #[error("path {path:?} is already served by trigger {owner}")]
+    PathTaken { path: String, owner: String },
     /// The namespace still holds functions and `force` was not given.
     #[error("namespace {0:?} is not empty")]
     NotEmpty(String),

@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sless_core::{TriggerSpec, TriggerStatus};
+use sless_core::{TriggerKind, TriggerSpec, TriggerStatus};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
@@ -80,6 +80,11 @@ fn kind(spec: &TriggerSpec) -> &'static str {
 #[async_trait]
 impl TriggerStore for SqliteStore {
     async fn create_trigger(&self, r: &TriggerRecord) -> Result<()> {
+        // An HTTP trigger claims its path in the transaction that writes it, which
+        // holds SQLite's write lock from its first read: two writers cannot both
+        // find a path free.
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        claim_path(&mut tx, &r.namespace, &r.name, &r.spec).await?;
         let result = sqlx::query(
             "INSERT INTO triggers (namespace, name, function, kind, spec, status, created_at, updated_at) \
              VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -92,9 +97,11 @@ impl TriggerStore for SqliteStore {
         .bind(serde_json::to_string(&r.status)?)
         .bind(stamp(r.created_at))
         .bind(stamp(r.updated_at))
-        .execute(self.pool())
+        .execute(&mut *tx)
         .await;
-        crate::inserted(result, "trigger", &r.namespace, &r.name)
+        crate::inserted(result, "trigger", &r.namespace, &r.name)?;
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn get_trigger(&self, namespace: &str, name: &str) -> Result<TriggerRecord> {
@@ -150,6 +157,8 @@ impl TriggerStore for SqliteStore {
                 ..current.clone()
             };
             let spec = &record.spec;
+            let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+            claim_path(&mut tx, namespace, name, spec).await?;
             let done = sqlx::query(
                 "UPDATE triggers SET spec = ?, function = ?, generation = ?, updated_at = ? \
                  WHERE namespace = ? AND name = ? AND generation = ?",
@@ -161,11 +170,13 @@ impl TriggerStore for SqliteStore {
             .bind(namespace)
             .bind(name)
             .bind(current.generation as i64)
-            .execute(self.pool())
+            .execute(&mut *tx)
             .await?;
             if done.rows_affected() == 1 {
+                tx.commit().await?;
                 return Ok(record);
             }
+            drop(tx);
             cas.lost().await?;
         }
     }
@@ -212,5 +223,35 @@ impl TriggerStore for SqliteStore {
                 .fetch_all(self.pool())
                 .await?;
         rows.iter().map(|r| Ok(r.try_get("name")?)).collect()
+    }
+}
+
+/// Fails with [`StoreError::PathTaken`] when `spec` is an HTTP trigger whose path
+/// another trigger of the namespace already routes. Run inside the writing
+/// transaction (begun `IMMEDIATE`), so the answer holds until the write commits.
+async fn claim_path(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    namespace: &str,
+    name: &str,
+    spec: &TriggerSpec,
+) -> Result<()> {
+    let TriggerKind::Http { path, .. } = &spec.kind else {
+        return Ok(());
+    };
+    let owner: Option<String> = sqlx::query_scalar(
+        "SELECT name FROM triggers WHERE namespace = ? AND name <> ? \
+         AND json_extract(spec, '$.type') = 'http' AND json_extract(spec, '$.path') = ? LIMIT 1",
+    )
+    .bind(namespace)
+    .bind(name)
+    .bind(path)
+    .fetch_optional(&mut **tx)
+    .await?;
+    match owner {
+        Some(owner) => Err(StoreError::PathTaken {
+            path: path.clone(),
+            owner,
+        }),
+        None => Ok(()),
     }
 }
