@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use sless_core::invocation::InvocationSource;
 use sless_core::{TriggerKind, TriggerStatus};
 use sless_invoke::{Call, HttpRoute, HttpRoutes, Invoker};
 use sless_store::{TriggerRecord, TriggerStore};
@@ -150,8 +149,7 @@ impl Fire for InvokerFire {
                 };
             }
         };
-        // Every trigger source is named after an invocation source (`cron`, `queue`).
-        let source = InvocationSource::parse(req.source).unwrap_or(InvocationSource::Cron);
+        let source = req.source;
         let request_id = sless_invoke::new_request_id();
         let call = Call::new(&req.namespace, &req.function, source, &request_id, event);
         let done = self.invoker.run(call).await;

@@ -528,6 +528,9 @@ impl<L: Launcher> Pool<L> {
                     seconds: timeout_sec,
                 })
             }
+            // Nothing reached the instance: the request itself could not be written,
+            // which says nothing about the instance, so it keeps serving.
+            Err(why @ CallError::Request(_)) => Err(InvokeError::InstanceFailed(why.to_string())),
             Err(_) if instance.is_unresponsive() => {
                 Err(InvokeError::InstanceFailed(STOPPED_RESPONDING.to_string()))
             }

@@ -56,8 +56,8 @@ pub struct FireRequest {
     pub function: String,
     /// Name of the trigger that fired, for the invocation record and logs.
     pub trigger: String,
-    /// Kind of the trigger ([`TriggerSource::kind`]), the invocation record's `source`.
-    pub source: &'static str,
+    /// What fired it, the invocation record's `source`.
+    pub source: sless_core::invocation::InvocationSource,
     /// The handler's event.
     pub event: serde_json::Value,
     /// When the trigger fired. For cron this is the scheduled slot, not the moment the timer

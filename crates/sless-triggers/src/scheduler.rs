@@ -295,7 +295,7 @@ impl Entry {
                             namespace: t.namespace.clone(),
                             function: t.function.clone(),
                             trigger: t.name.clone(),
-                            source: KIND,
+                            source: sless_core::invocation::InvocationSource::Cron,
                             event: cron_event(&t.event, last),
                             fired_at: last,
                         },
@@ -829,7 +829,7 @@ mod tests {
             let slot = utc(&format!("2025-01-01T10:00:0{s}Z"));
             assert_eq!(at, slot, "fire {s} happened at its slot");
             assert_eq!(req.fired_at, slot);
-            assert_eq!(req.source, "cron");
+            assert_eq!(req.source, sless_core::invocation::InvocationSource::Cron);
             assert_eq!(req.trigger, "tick");
             assert_eq!(req.function, "hello");
             assert_eq!(
