@@ -26,27 +26,15 @@ fn trigger_body(s: &AppState, t: &TriggerRecord) -> Trigger {
     }
 }
 
-/// Checks what the spec's type cannot say alone: the cron expression, that the
-/// function exists (`400` otherwise) and that no other http trigger owns the path (`409`).
-async fn check(s: &AppState, ns: &str, name: &str, spec: &TriggerSpec) -> Result<(), ApiError> {
-    if let TriggerKind::Cron {
-        schedule, timezone, ..
-    } = &spec.kind
-    {
-        sless_triggers::Schedule::parse(schedule, timezone)
-            .map_err(|e| ApiError::bad(e.to_string()))?;
-    }
+/// Checks what the spec's type cannot say alone: [`check_spec`], and that the
+/// function exists (`400` otherwise). That no other http trigger owns the path
+/// (`409`) the store checks as it writes.
+async fn check(s: &AppState, ns: &str, spec: &TriggerSpec) -> Result<(), ApiError> {
+    check_spec(spec)?;
     s.store
         .get_function(ns, &spec.function)
         .await
         .map_err(|e| ApiError::named_function(e, ns, &spec.function))?;
-    if let TriggerKind::Http { path, .. } = &spec.kind
-        && let Some(owner) = s.triggers.path_owner(ns, path, name)
-    {
-        return Err(ApiError::Conflict(format!(
-            "path {path:?} is already served by trigger {owner}"
-        )));
-    }
     Ok(())
 }
 
@@ -79,7 +67,7 @@ pub async fn create(
     let fields: TriggerFields = serde_path_to_error::deserialize(Value::Object(fields))
         .map_err(|e| ApiError::bad(spec_error(e)))?;
     let spec = TriggerSpec::from_fields(fields)?;
-    check(&s, &ns, &name, &spec).await?;
+    check(&s, &ns, &spec).await?;
     let now = Utc::now();
     let record = TriggerRecord {
         namespace: ns.clone(),
@@ -158,30 +146,21 @@ fn fields_of(spec: &TriggerSpec) -> Result<TriggerFields, ApiError> {
     Ok(fields)
 }
 
-/// The checks of [`check`] that need no IO (the cron expression, the http path's
-/// owner), so that they run on the spec as it is about to be written.
-fn check_spec(s: &AppState, ns: &str, name: &str, spec: &TriggerSpec) -> Result<(), ApiError> {
-    match &spec.kind {
-        TriggerKind::Cron {
-            schedule, timezone, ..
-        } => {
-            sless_triggers::Schedule::parse(schedule, timezone)
-                .map_err(|e| ApiError::bad(e.to_string()))?;
-        }
-        TriggerKind::Http { path, .. } => {
-            if let Some(owner) = s.triggers.path_owner(ns, path, name) {
-                return Err(ApiError::Conflict(format!(
-                    "path {path:?} is already served by trigger {owner}"
-                )));
-            }
-        }
-        TriggerKind::Queue { .. } | TriggerKind::Unknown => {}
+/// The checks that need no IO (the cron expression), so that they run on the spec
+/// as it is about to be written.
+fn check_spec(spec: &TriggerSpec) -> Result<(), ApiError> {
+    if let TriggerKind::Cron {
+        schedule, timezone, ..
+    } = &spec.kind
+    {
+        sless_triggers::Schedule::parse(schedule, timezone)
+            .map_err(|e| ApiError::bad(e.to_string()))?;
     }
     Ok(())
 }
 
 /// The patched spec of `current`: merged, decoded strictly, validated and checked.
-fn patched(s: &AppState, current: &TriggerRecord, patch: &Value) -> Result<TriggerSpec, ApiError> {
+fn patched(current: &TriggerRecord, patch: &Value) -> Result<TriggerSpec, ApiError> {
     let fields = sless_core::patch::apply(
         &fields_of(&current.spec)?,
         patch,
@@ -193,7 +172,7 @@ fn patched(s: &AppState, current: &TriggerRecord, patch: &Value) -> Result<Trigg
         ));
     }
     let spec = TriggerSpec::from_fields(fields)?;
-    check_spec(s, &current.namespace, &current.name, &spec)?;
+    check_spec(&spec)?;
     Ok(spec)
 }
 
@@ -219,7 +198,7 @@ pub async fn patch(
     let record = s
         .trigger_store
         .update_trigger(&ns, &name, expect, &mut |t| {
-            t.spec = patched(&s, t, &patch).map_err(ApiError::reject)?;
+            t.spec = patched(t, &patch).map_err(ApiError::reject)?;
             Ok(())
         })
         .await?;

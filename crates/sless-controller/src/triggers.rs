@@ -124,11 +124,6 @@ impl Triggers {
             None => t.status.clone(),
         }
     }
-
-    /// The HTTP trigger other than `except` that already owns `path`.
-    pub fn path_owner(&self, namespace: &str, path: &str, except: &str) -> Option<String> {
-        self.routes.owner_of(namespace, path, except)
-    }
 }
 
 /// Fires go to the invocation pipeline, which records them.

@@ -57,15 +57,6 @@ impl HttpRoutes {
             .remove(namespace);
     }
 
-    /// The trigger that already owns `path` in `namespace`, other than `except`.
-    pub fn owner_of(&self, namespace: &str, path: &str, except: &str) -> Option<String> {
-        let all = self.by_namespace.read().unwrap_or_else(|e| e.into_inner());
-        all.get(namespace)?
-            .iter()
-            .find(|r| r.path == path && r.trigger != except)
-            .map(|r| r.trigger.clone())
-    }
-
     pub fn resolve(&self, namespace: &str, path: &str, method: &str) -> RouteMatch {
         let all = self.by_namespace.read().unwrap_or_else(|e| e.into_inner());
         let Some(routes) = all.get(namespace) else {
@@ -149,8 +140,6 @@ mod tests {
         ));
         routes.upsert("ns", route("a", "/a", &["GET"], true));
         assert!(found(routes.resolve("ns", "/a", "GET")).is_some());
-        assert_eq!(routes.owner_of("ns", "/a", "b").as_deref(), Some("a"));
-        assert_eq!(routes.owner_of("ns", "/a", "a"), None);
         routes.remove("ns", "a");
         assert!(matches!(
             routes.resolve("ns", "/a", "GET"),
