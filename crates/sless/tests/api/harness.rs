@@ -234,19 +234,6 @@ impl App {
     }
 }
 
-/// A zip archive of `(path, content)` pairs.
-pub fn zip(files: &[(&str, &[u8])]) -> Vec<u8> {
-    use std::io::Write;
-    let mut out = std::io::Cursor::new(Vec::new());
-    {
-        let mut w = zip::ZipWriter::new(&mut out);
-        let opts = zip::write::SimpleFileOptions::default()
-            .compression_method(zip::CompressionMethod::Deflated);
-        for (path, content) in files {
-            w.start_file(*path, opts).expect("zip entry");
-            w.write_all(content).expect("zip write");
-        }
-        w.finish().expect("zip finish");
-    }
-    out.into_inner()
-}
+#[path = "../support/zip.rs"]
+mod archive;
+pub use archive::zip;

@@ -1,6 +1,5 @@
 //! Starting and stopping a server, and building function archives.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -277,20 +276,9 @@ pub fn zip(files: &[(&str, &str)]) -> Vec<u8> {
     )
 }
 
-pub fn zip_bytes(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut out = std::io::Cursor::new(Vec::new());
-    {
-        let mut w = zip::ZipWriter::new(&mut out);
-        let opts = zip::write::SimpleFileOptions::default()
-            .compression_method(zip::CompressionMethod::Deflated);
-        for (path, content) in files {
-            w.start_file(*path, opts).expect("zip entry");
-            w.write_all(content).expect("zip write");
-        }
-        w.finish().expect("zip finish");
-    }
-    out.into_inner()
-}
+#[path = "../support/zip.rs"]
+mod archive;
+pub use archive::zip as zip_bytes;
 
 /// Files of a folder in the repository (examples, fixtures), for deploying them.
 pub fn dir_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
