@@ -19,8 +19,19 @@ use crate::error::ApiError;
 /// Who is calling.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Caller {
+    /// The admin token: may do everything.
     Admin,
-    Namespace(String),
+    /// A namespace token or a JWT: may act only in `namespace`.
+    Namespace { namespace: String, actor: Actor },
+}
+
+/// Which credential a namespace caller presented, as the audit log names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Actor {
+    /// A namespace token, by its id (never its value).
+    Token(String),
+    /// A JWT, by its subject.
+    Jwt(String),
 }
 
 impl Caller {
@@ -28,7 +39,34 @@ impl Caller {
     pub fn may_access(&self, namespace: &str) -> bool {
         match self {
             Caller::Admin => true,
-            Caller::Namespace(ns) => ns == namespace,
+            Caller::Namespace { namespace: ns, .. } => ns == namespace,
+        }
+    }
+
+    pub fn is_admin(&self) -> bool {
+        matches!(self, Caller::Admin)
+    }
+
+    /// The caller's own namespace; `None` for the admin.
+    pub fn namespace(&self) -> Option<&str> {
+        match self {
+            Caller::Admin => None,
+            Caller::Namespace { namespace, .. } => Some(namespace),
+        }
+    }
+
+    /// Who the caller is, as the audit log writes it: `admin`, `token:<id>` or `jwt:<sub>`.
+    pub fn actor_label(&self) -> String {
+        match self {
+            Caller::Admin => "admin".into(),
+            Caller::Namespace {
+                actor: Actor::Token(id),
+                ..
+            } => format!("token:{id}"),
+            Caller::Namespace {
+                actor: Actor::Jwt(sub),
+                ..
+            } => format!("jwt:{sub}"),
         }
     }
 
@@ -44,6 +82,15 @@ impl Caller {
 
 pub fn hash_token(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A namespace token's caller. The token's id is the start of its hash: it names
+/// the token in lists and the audit log and tells nothing about its value.
+fn token_caller(namespace: String, hash: &str) -> Caller {
+    Caller::Namespace {
+        namespace,
+        actor: Actor::Token(hash.chars().take(12).collect()),
+    }
 }
 
 /// A new random token, shown to its owner once.
@@ -81,7 +128,7 @@ impl Tokens {
             return Ok(Some(Caller::Admin));
         }
         if let Some(hit) = self.cache().get(&hash, Instant::now()) {
-            return Ok(hit.map(Caller::Namespace));
+            return Ok(hit.map(|ns| token_caller(ns, &hash)));
         }
         // A token deleted while the store is asked must not come back from the
         // answer: `invalidate` moves the epoch, and an answer from before it is not kept.
@@ -89,9 +136,9 @@ impl Tokens {
         let ns = self.store.token_namespace(&hash).await?;
         let mut cache = self.cache();
         if cache.epoch == epoch {
-            cache.insert(hash, ns.clone(), Instant::now());
+            cache.insert(hash.clone(), ns.clone(), Instant::now());
         }
-        Ok(ns.map(Caller::Namespace))
+        Ok(ns.map(|ns| token_caller(ns, &hash)))
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, TokenCache> {

@@ -143,7 +143,7 @@ pub(crate) async fn check_exists(s: &AppState, ns: &str, function: &str) -> Resu
 /// API and every service on the host in reach: the admin's decision unless the server
 /// was started with `--allow-host-network`.
 fn check_network(s: &AppState, caller: &Caller, network: NetworkMode) -> Result<(), ApiError> {
-    if network == NetworkMode::Host && *caller != Caller::Admin && !s.allow_host_network {
+    if network == NetworkMode::Host && !caller.is_admin() && !s.allow_host_network {
         return Err(ApiError::Forbidden(
             "network: \"host\" needs the admin token (or a server started with --allow-host-network); use \"outbound\" or \"none\"".into(),
         ));

@@ -33,7 +33,7 @@ use sless_logs::LogStore;
 use sless_records::Recorder;
 use sless_store::{InvocationStore, JobStore, Store, TriggerStore};
 
-pub use auth::{AuthLimiter, Caller, Tokens, hash_token, new_token};
+pub use auth::{Actor, AuthLimiter, Caller, Tokens, hash_token, new_token};
 pub use error::ApiError;
 pub use storage::{Storage, StorageProblem};
 

@@ -27,10 +27,10 @@ pub async fn whoami(State(s): State<AppState>, caller: Caller) -> Result<Json<Va
             .into_iter()
             .map(|n| n.name)
             .collect(),
-        Caller::Namespace(ns) => vec![ns.clone()],
+        Caller::Namespace { namespace, .. } => vec![namespace.clone()],
     };
     body(&Whoami {
-        admin: caller == Caller::Admin,
+        admin: caller.is_admin(),
         namespaces,
     })
 }
@@ -106,7 +106,7 @@ pub async fn create_token(
     caller: Caller,
     JsonBody(request): JsonBody,
 ) -> Result<Response, ApiError> {
-    if caller != Caller::Admin {
+    if !caller.is_admin() {
         return Err(ApiError::NotFound("no such endpoint".into()));
     }
     let ns = match request.get("namespace") {
