@@ -8,11 +8,13 @@
 //! another writer got there first, and a caller can make it conditional on the
 //! generation it last saw (`If-Match`).
 
+mod audit;
 mod cas;
 mod invocations;
 mod jobs;
 mod sqlite;
 mod storage;
+mod tokens;
 mod triggers;
 
 use async_trait::async_trait;
@@ -28,6 +30,9 @@ pub use sless_core::invocation::{InvocationRecord, InvocationSource};
 pub use sqlite::SqliteStore;
 pub use storage::{CodeOwner, StorageStore};
 pub use triggers::{TriggerRecord, TriggerStore};
+// Token listing and revocation, and the audit log.
+pub use audit::{AuditEntry, AuditFilter, AuditStore, DEFAULT_AUDIT_LIMIT, MAX_AUDIT_LIMIT};
+pub use tokens::{TOKEN_ID_LEN, TokenInfo, TokenStore, is_token_id, token_id};
 
 /// Errors of the metadata store.
 #[derive(Debug, thiserror::Error)]
