@@ -600,3 +600,53 @@ impl PartialEq<&str> for Source {
 
 #[cfg(test)]
 mod tests;
+
+// Token listing, admin rotation and the audit log.
+
+/// One item of `GET /v1/tokens`: a namespace token, never its value or hash.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TokenInfo {
+    /// Stable, and tells nothing about the value; `DELETE /v1/tokens/{id}` revokes it.
+    pub id: String,
+    pub namespace: String,
+    pub created_at: String,
+    /// When it was last used (to within about a minute); `null` if never.
+    pub last_used_at: Option<String>,
+}
+
+/// `POST /v1/tokens/admin/rotate`: the new admin token, shown this once.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AdminToken {
+    pub token: String,
+}
+
+/// The object an audit entry's request acted on.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AuditObject {
+    /// `namespace`, `function`, `trigger`, `job`, `secret`, `token`, ...
+    pub kind: String,
+    /// Its name or id, when known.
+    pub name: Option<String>,
+}
+
+/// One item of `GET /v1/audit`: a control-plane request and its outcome (never its body).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AuditEntry {
+    pub id: String,
+    /// When the request was answered (RFC 3339).
+    pub time: String,
+    /// `admin`, `token:<id>`, `jwt:<sub>`, or `anonymous` when authentication failed.
+    pub actor: String,
+    pub namespace: Option<String>,
+    /// e.g. `function.create`, `function.patch`, `secret.put`, `token.delete`.
+    pub action: String,
+    pub object: AuditObject,
+    /// The client's IP address.
+    pub address: Option<String>,
+    /// The HTTP status of the answer.
+    pub status: u16,
+}

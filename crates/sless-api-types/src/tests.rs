@@ -328,3 +328,46 @@ fn a_newer_server_does_not_break_the_client() {
     assert_eq!(ns.items[0].name, "a");
     assert_eq!(ns.items[1].created_at.as_deref(), Some(T0));
 }
+
+#[test]
+fn token_and_audit_bodies() {
+    insta::assert_json_snapshot!(
+        "token_list",
+        body(&Items::new(vec![
+            TokenInfo {
+                id: "0123456789ab".into(),
+                namespace: "team-a".into(),
+                created_at: T0.into(),
+                last_used_at: Some(T1.into()),
+            },
+            TokenInfo {
+                id: "ba9876543210".into(),
+                namespace: "team-a".into(),
+                created_at: T0.into(),
+                last_used_at: None,
+            },
+        ]))
+    );
+    insta::assert_json_snapshot!(
+        "admin_token",
+        body(&AdminToken {
+            token: "sless_0123456789abcdef".into()
+        })
+    );
+    insta::assert_json_snapshot!(
+        "audit_list",
+        body(&Items::new(vec![AuditEntry {
+            id: "0000018d5e1c2b3a00000001".into(),
+            time: T1.into(),
+            actor: "token:0123456789ab".into(),
+            namespace: Some("team-a".into()),
+            action: "function.patch".into(),
+            object: AuditObject {
+                kind: "function".into(),
+                name: Some("hello".into()),
+            },
+            address: Some("127.0.0.1".into()),
+            status: 200,
+        }]))
+    );
+}

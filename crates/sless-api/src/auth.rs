@@ -4,14 +4,15 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroUsize;
-use std::sync::{Arc, Mutex};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 use sha2::{Digest, Sha256};
-use sless_store::Store;
+use sless_store::{Store, TokenStore};
 
 use crate::AppState;
 use crate::error::ApiError;
@@ -89,7 +90,7 @@ pub fn hash_token(token: &str) -> String {
 fn token_caller(namespace: String, hash: &str) -> Caller {
     Caller::Namespace {
         namespace,
-        actor: Actor::Token(hash.chars().take(12).collect()),
+        actor: Actor::Token(sless_store::token_id(hash)),
     }
 }
 
@@ -100,8 +101,19 @@ pub fn new_token() -> String {
 
 /// Resolves tokens, caching namespace tokens in memory.
 pub struct Tokens {
-    admin_hash: String,
+    /// Swapped by [`Tokens::rotate_admin`].
+    admin_hash: RwLock<String>,
     store: Arc<dyn Store>,
+    /// Where a rotated admin token is kept; `None` when the admin token is set by
+    /// `SLESS_ADMIN_TOKEN`, which rotation cannot change.
+    admin_file: Option<PathBuf>,
+    /// Held while the admin token is rotated, so two rotations do not interleave.
+    rotating: Mutex<()>,
+    /// Where tokens' last use is written; `None` leaves it unrecorded.
+    token_store: Option<Arc<dyn TokenStore>>,
+    /// When each token's last use was last written (by hash), so it is written at
+    /// most once per [`TOUCH_EVERY`] per token, not on every request.
+    touched: Mutex<lru::LruCache<String, Instant>>,
     cache: Mutex<TokenCache>,
     /// Failed authentications per client address (API and private functions alike).
     limiter: AuthLimiter,
@@ -114,29 +126,109 @@ impl Tokens {
 
     pub fn with_limiter(admin_token: &str, store: Arc<dyn Store>, limiter: AuthLimiter) -> Self {
         Self {
-            admin_hash: hash_token(admin_token),
+            admin_hash: RwLock::new(hash_token(admin_token)),
             store,
+            admin_file: None,
+            rotating: Mutex::new(()),
+            token_store: None,
+            touched: Mutex::new(lru::LruCache::new(
+                NonZeroUsize::new(KNOWN_TOKENS).unwrap_or(NonZeroUsize::MIN),
+            )),
             cache: Mutex::new(TokenCache::default()),
             limiter,
+        }
+    }
+
+    /// Lets [`Tokens::rotate_admin`] replace the admin token, keeping the new one in
+    /// `path` (mode 0600). Without it (the token comes from `SLESS_ADMIN_TOKEN`)
+    /// rotation is refused.
+    pub fn with_admin_file(mut self, path: PathBuf) -> Self {
+        self.admin_file = Some(path);
+        self
+    }
+
+    /// Records namespace tokens' last use in `store`.
+    pub fn with_token_store(mut self, store: Arc<dyn TokenStore>) -> Self {
+        self.token_store = Some(store);
+        self
+    }
+
+    /// Replaces the admin token with a new random one, effective at once: the old
+    /// one is refused from the next request on. The new token is written to the
+    /// admin-token file first (so a restart keeps it), then swapped in; if it
+    /// cannot be written, nothing changes.
+    pub fn rotate_admin(&self) -> Result<String, ApiError> {
+        let Some(path) = &self.admin_file else {
+            return Err(ApiError::Conflict(
+                "the admin token is set by SLESS_ADMIN_TOKEN, which the server cannot change: \
+                 set a new value and restart the server to rotate it"
+                    .into(),
+            ));
+        };
+        let _one_at_a_time = self.rotating.lock().unwrap_or_else(|e| e.into_inner());
+        let token = new_token();
+        write_private(path, &format!("{token}\n")).map_err(|e| {
+            ApiError::Internal(anyhow::anyhow!(
+                "cannot write the new admin token to {}: {e}",
+                path.display()
+            ))
+        })?;
+        *self.admin_hash.write().unwrap_or_else(|e| e.into_inner()) = hash_token(&token);
+        tracing::info!(file = %path.display(), "the admin token was rotated");
+        Ok(token)
+    }
+
+    fn is_admin_hash(&self, hash: &str) -> bool {
+        *self.admin_hash.read().unwrap_or_else(|e| e.into_inner()) == hash
+    }
+
+    /// Writes the token's last use, unless it was written less than [`TOUCH_EVERY`] ago.
+    /// A failure is logged: a request never fails for it.
+    async fn touch(&self, hash: &str) {
+        let Some(store) = &self.token_store else {
+            return;
+        };
+        let now = Instant::now();
+        {
+            let mut touched = self.touched.lock().unwrap_or_else(|e| e.into_inner());
+            if touched
+                .get(hash)
+                .is_some_and(|at| now.duration_since(*at) < TOUCH_EVERY)
+            {
+                return;
+            }
+            touched.put(hash.to_string(), now);
+        }
+        if let Err(e) = store.touch_token(hash, chrono::Utc::now()).await {
+            tracing::warn!(error = %e, "cannot record a token's last use");
         }
     }
 
     pub async fn resolve(&self, token: &str) -> Result<Option<Caller>, ApiError> {
         let hash = hash_token(token);
         // Comparing hashes keeps the comparison independent of where the secrets differ.
-        if hash == self.admin_hash {
+        if self.is_admin_hash(&hash) {
             return Ok(Some(Caller::Admin));
         }
-        if let Some(hit) = self.cache().get(&hash, Instant::now()) {
+        let hit = self.cache().get(&hash, Instant::now());
+        if let Some(hit) = hit {
+            if hit.is_some() {
+                self.touch(&hash).await;
+            }
             return Ok(hit.map(|ns| token_caller(ns, &hash)));
         }
         // A token deleted while the store is asked must not come back from the
         // answer: `invalidate` moves the epoch, and an answer from before it is not kept.
         let epoch = self.cache().epoch;
         let ns = self.store.token_namespace(&hash).await?;
-        let mut cache = self.cache();
-        if cache.epoch == epoch {
-            cache.insert(hash.clone(), ns.clone(), Instant::now());
+        {
+            let mut cache = self.cache();
+            if cache.epoch == epoch {
+                cache.insert(hash.clone(), ns.clone(), Instant::now());
+            }
+        }
+        if ns.is_some() {
+            self.touch(&hash).await;
         }
         Ok(ns.map(|ns| token_caller(ns, &hash)))
     }
@@ -149,6 +241,28 @@ impl Tokens {
     pub fn invalidate(&self) {
         self.cache().clear();
     }
+}
+
+/// A token's last use is written at most this often.
+const TOUCH_EVERY: Duration = Duration::from_secs(60);
+
+/// Writes `text` to `path` readable by its owner only (0600), replacing the file
+/// whole: a temporary file in the same directory, synced, then renamed over it.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".new");
+    let tmp = path.with_file_name(name);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
 }
 
 /// Token lookups remembered, by token hash. Known tokens and unknown ones live in
@@ -389,7 +503,10 @@ impl FromRequestParts<AppState> for Caller {
             limiter.check(ip).map_err(AuthLimiter::too_many)?;
         }
         match state.tokens.resolve(token).await? {
-            Some(caller) => Ok(caller),
+            Some(caller) => {
+                crate::audit::note_actor(&parts.extensions, &caller);
+                Ok(caller)
+            }
             None => {
                 if let Some(ip) = peer {
                     limiter.failed(ip);

@@ -3,6 +3,7 @@
 //! authenticated invoke. Every response body is one of the shapes of
 //! `sless-api-types`, which the client decodes too; this crate only fills them.
 
+mod audit;
 mod auth;
 mod error;
 mod etag;
@@ -11,6 +12,7 @@ mod invocations;
 mod jobs;
 mod namespaces;
 mod storage;
+mod tokens;
 mod triggers;
 
 use std::sync::Arc;
@@ -31,6 +33,7 @@ use sless_controller::triggers::Triggers;
 use sless_executor::Executor;
 use sless_logs::LogStore;
 use sless_records::Recorder;
+use sless_store::{AuditStore, TokenStore};
 use sless_store::{InvocationStore, JobStore, Store, TriggerStore};
 
 pub use auth::{Actor, AuthLimiter, Caller, Tokens, hash_token, new_token};
@@ -68,6 +71,11 @@ pub struct AppState {
     pub jobs: Arc<Jobs>,
     /// Namespace tokens may give functions `"network": "host"` (otherwise only the admin).
     pub allow_host_network: bool,
+    // Token listing and revocation, and the audit log.
+    /// Where namespace tokens are listed and revoked.
+    pub token_store: Arc<dyn TokenStore>,
+    /// Where the audit log is written and read.
+    pub audit: Arc<dyn AuditStore>,
 }
 
 /// A response body: one of `sless_api_types`' shapes, as the JSON document it is sent as.
@@ -129,12 +137,22 @@ pub fn router(state: AppState) -> Router {
             get(j::get).patch(j::patch).delete(j::delete),
         )
         .route("/v1/namespaces/{ns}/jobs/{name}/code", put(j::upload_code))
+        // Token listing, revocation and admin rotation; the audit log.
+        .route("/v1/tokens", get(tokens::list))
+        .route("/v1/tokens/{id}", axum::routing::delete(tokens::delete))
+        .route("/v1/tokens/admin/rotate", post(tokens::rotate_admin))
+        .route("/v1/audit", get(audit::list))
         .fallback(fallback)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             storage::guard_writes,
         ))
         .layer(axum::middleware::from_fn(contract_errors))
+        // Outermost, so the audit log sees the status the client gets.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            audit::record,
+        ))
         .with_state(state)
 }
 
@@ -256,9 +274,11 @@ impl FromRequest<AppState> for JsonBody {
                 }
             )));
         }
+        let notes = audit::Notes::of(req.extensions());
         let bytes = read_limited(req, MAX_JSON, state.body_timeout).await?;
         let value = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::bad(format!("body is not valid JSON: {e}")))?;
+        notes.body(&value);
         Ok(JsonBody(value))
     }
 }

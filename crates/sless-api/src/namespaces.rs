@@ -104,6 +104,7 @@ pub async fn delete(
 pub async fn create_token(
     State(s): State<AppState>,
     caller: Caller,
+    notes: crate::audit::Notes,
     JsonBody(request): JsonBody,
 ) -> Result<Response, ApiError> {
     if !caller.is_admin() {
@@ -121,8 +122,11 @@ pub async fn create_token(
     }
     sless_core::validate_name("namespace", &ns)?;
     s.store.get_namespace(&ns).await?;
+    notes.namespace(&ns);
     let token = new_token();
-    s.store.create_token(&hash_token(&token), &ns).await?;
+    let hash = hash_token(&token);
+    s.store.create_token(&hash, &ns).await?;
+    notes.object(&sless_store::token_id(&hash));
     s.tokens.invalidate();
     Ok((
         StatusCode::CREATED,

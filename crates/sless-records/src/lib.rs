@@ -23,7 +23,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
 pub use id::new_id;
-pub use retention::{Retention, spawn_retention};
+pub use retention::{PruneFuture, Retention, spawn_pruning, spawn_retention};
 pub use sink::{RecordSink, SinkError};
 
 /// Errors of the recorder.

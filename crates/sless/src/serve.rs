@@ -123,6 +123,13 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub no_invocation_records: bool,
+    // The audit log's retention.
+    /// Audit log entries older than this many hours are deleted (0 keeps them regardless of age).
+    #[arg(long, env = "SLESS_AUDIT_RETENTION_HOURS", default_value_t = 2160)]
+    pub audit_retention_hours: u64,
+    /// The audit log keeps at most this many entries, the newest (0: no bound).
+    #[arg(long, env = "SLESS_AUDIT_RETENTION_COUNT", default_value_t = 1_000_000)]
+    pub audit_retention_count: u64,
     /// Connections open at once [default: half the open-file limit, at most 65536].
     /// At the limit a new connection takes the place of the oldest idle one.
     #[arg(long, env = "SLESS_MAX_CONNECTIONS")]
@@ -244,7 +251,7 @@ pub struct Server {
 /// when dropped.
 struct StopOnDrop {
     shutdown: CancellationToken,
-    tasks: [tokio::task::AbortHandle; 2],
+    tasks: [tokio::task::AbortHandle; 3],
 }
 
 impl Drop for StopOnDrop {
@@ -361,6 +368,8 @@ async fn build(args: ServeArgs) -> Result<Server> {
     let trigger_store: Arc<dyn TriggerStore> = sqlite.clone();
     let job_store: Arc<dyn JobStore> = sqlite.clone();
     let storage_store: Arc<dyn sless_store::StorageStore> = sqlite.clone();
+    let token_store: Arc<dyn sless_store::TokenStore> = sqlite.clone();
+    let audit_store: Arc<dyn sless_store::AuditStore> = sqlite.clone();
     let store: Arc<dyn Store> = sqlite;
     store.ensure_namespace("default").await?;
     let blobs: Arc<dyn BlobStore> = Arc::new(
@@ -445,7 +454,32 @@ async fn build(args: ServeArgs) -> Result<Server> {
         logs.clone(),
         public_url.clone(),
     );
-    let tokens = Arc::new(Tokens::new(&admin_token, store.clone()));
+    let mut tokens = Tokens::new(&admin_token, store.clone()).with_token_store(token_store.clone());
+    // An admin token set by SLESS_ADMIN_TOKEN cannot be rotated by the server.
+    if !admin_token_from_env() {
+        tokens = tokens.with_admin_file(data_dir.join("admin-token"));
+    }
+    let tokens = Arc::new(tokens);
+    let audit_retention = {
+        let audit_store = audit_store.clone();
+        sless_records::spawn_pruning(
+            "audit log entries",
+            Retention {
+                max_age: Duration::from_secs(args.audit_retention_hours.saturating_mul(3600)),
+                max_count: args.audit_retention_count,
+                ..Retention::default()
+            },
+            move |max_age, max_count| {
+                let audit_store = audit_store.clone();
+                Box::pin(async move {
+                    audit_store
+                        .prune_audit(max_age, max_count)
+                        .await
+                        .map_err(sless_records::SinkError::new)
+                })
+            },
+        )
+    };
     let recorder = (!args.no_invocation_records)
         .then(|| Recorder::start(record_sink.clone(), RecorderConfig::default()));
     // Retention runs even with recording off, so earlier records still age out.
@@ -520,6 +554,8 @@ async fn build(args: ServeArgs) -> Result<Server> {
         triggers: triggers.clone(),
         jobs: jobs.clone(),
         allow_host_network: args.allow_host_network,
+        token_store,
+        audit: audit_store,
     });
     let gateway = sless_gateway::Gateway {
         invoker,
@@ -559,7 +595,11 @@ async fn build(args: ServeArgs) -> Result<Server> {
         grace: Duration::from_secs(args.shutdown_grace_sec),
         _stop: StopOnDrop {
             shutdown: shutdown.clone(),
-            tasks: [retention.abort_handle(), collecting.abort_handle()],
+            tasks: [
+                retention.abort_handle(),
+                collecting.abort_handle(),
+                audit_retention.abort_handle(),
+            ],
         },
         shutdown,
         recorder,
@@ -614,6 +654,11 @@ fn create_private_dir(dir: &Path) -> Result<()> {
 
 /// Shortest admin token accepted from the environment: a short one is guessable.
 const MIN_ADMIN_TOKEN_CHARS: usize = 16;
+
+/// Whether the admin token comes from `SLESS_ADMIN_TOKEN` (as [`admin_token`] reads it).
+fn admin_token_from_env() -> bool {
+    std::env::var("SLESS_ADMIN_TOKEN").is_ok_and(|t| !t.trim().is_empty())
+}
 
 /// `SLESS_ADMIN_TOKEN` (at least 16 characters), or the token stored in `<data>/admin-token` (created with
 /// mode 0600 on first start).

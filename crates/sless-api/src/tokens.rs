@@ -1,0 +1,70 @@
+//! Namespace tokens listed (ids, creation, last use; never values) and revoked by
+//! id, and the admin token rotated. Creating a token is in `namespaces.rs`.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::Value;
+use sless_api_types::{AdminToken, Items, TokenInfo, timestamp};
+
+use crate::audit::Notes;
+use crate::{ApiError, AppState, Caller, body};
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    namespace: Option<String>,
+}
+
+/// `GET /v1/tokens[?namespace=]`: every token for an admin (or one namespace's), the
+/// caller's own namespace's for anyone else.
+pub async fn list(
+    State(s): State<AppState>,
+    caller: Caller,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let asked = q.namespace.filter(|n| !n.is_empty());
+    if let Some(ns) = &asked {
+        sless_core::validate_name("namespace", ns)?;
+        caller.check(ns)?;
+    }
+    let namespace = asked.or_else(|| caller.namespace().map(str::to_string));
+    let items: Vec<_> = s
+        .token_store
+        .list_tokens(namespace.as_deref())
+        .await?
+        .into_iter()
+        .map(|t| TokenInfo {
+            id: t.id,
+            namespace: t.namespace,
+            created_at: timestamp(t.created_at),
+            last_used_at: t.last_used_at.map(timestamp),
+        })
+        .collect();
+    body(&Items::new(items))
+}
+
+/// `DELETE /v1/tokens/{id}`: revoked at once (the token cache is dropped). Another
+/// namespace's token is `404`, as an unknown id is.
+pub async fn delete(
+    State(s): State<AppState>,
+    caller: Caller,
+    notes: Notes,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let deleted = s.token_store.delete_token(&id, caller.namespace()).await?;
+    s.tokens.invalidate();
+    notes.namespace(&deleted.namespace);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/tokens/admin/rotate` (admins only; to others it does not exist, as
+/// `POST /v1/tokens`): a new admin token, effective at once; the old one is refused.
+pub async fn rotate_admin(State(s): State<AppState>, caller: Caller) -> Result<Response, ApiError> {
+    if !caller.is_admin() {
+        return Err(ApiError::NotFound("no such endpoint".into()));
+    }
+    let token = s.tokens.rotate_admin()?;
+    Ok((StatusCode::CREATED, body(&AdminToken { token })?).into_response())
+}
