@@ -241,6 +241,59 @@ impl Client {
         Ok(created.token)
     }
 
+    // Token listing, revocation and admin rotation; the audit log.
+
+    /// `GET /v1/tokens[?namespace=ns]`: tokens by id, creation and last use (never values).
+    pub async fn list_tokens(&self, ns: Option<&str>) -> Result<Vec<sless_api_types::TokenInfo>> {
+        let mut url = self.url(&["v1", "tokens"]);
+        if let Some(ns) = ns {
+            url.query_pairs_mut().append_pair("namespace", ns);
+        }
+        let items: Items<sless_api_types::TokenInfo> = self.get_json(url).await?;
+        Ok(items.items)
+    }
+
+    /// `DELETE /v1/tokens/{id}`: revokes the token at once.
+    pub async fn delete_token(&self, id: &str) -> Result<()> {
+        self.delete(self.url(&["v1", "tokens", id])).await
+    }
+
+    /// `POST /v1/tokens/admin/rotate` (admin only): the new admin token; the one this
+    /// client holds stops working.
+    pub async fn rotate_admin_token(&self) -> Result<String> {
+        let url = self.url(&["v1", "tokens", "admin", "rotate"]);
+        let resp = self.send(self.http.post(url.clone()), &url).await?;
+        let created: sless_api_types::AdminToken = decode(resp, &url).await?;
+        Ok(created.token)
+    }
+
+    /// `GET /v1/audit` (admin only): audit log entries, newest first.
+    pub async fn list_audit(
+        &self,
+        ns: Option<&str>,
+        since: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<Vec<sless_api_types::AuditEntry>> {
+        let mut url = self.url(&["v1", "audit"]);
+        {
+            let mut q = url.query_pairs_mut();
+            if let Some(ns) = ns {
+                q.append_pair("namespace", ns);
+            }
+            if let Some(since) = since {
+                q.append_pair("since", since);
+            }
+            if let Some(limit) = limit {
+                q.append_pair("limit", &limit.to_string());
+            }
+        }
+        if url.query() == Some("") {
+            url.set_query(None);
+        }
+        let items: Items<sless_api_types::AuditEntry> = self.get_json(url).await?;
+        Ok(items.items)
+    }
+
     /// `POST /v1/namespaces/{ns}/triggers` with `body` (`name`, `function`, `type` and the
     /// type's fields).
     pub async fn create_trigger(&self, ns: &str, body: &Value) -> Result<Trigger> {

@@ -1,4 +1,4 @@
-//! Tenancy subcommands: `ns create|ls|rm`, `token create`, `whoami`.
+//! Tenancy subcommands: `ns create|ls|rm`, `token create|ls|rm|rotate-admin`, `whoami`.
 
 use std::process::ExitCode;
 
@@ -86,24 +86,100 @@ pub enum TokenCommand {
     /// Create a token that may act only in namespace NS (needs an admin token). It is
     /// printed once; the server keeps only its hash.
     #[command(
-        after_help = "Example:\n  SLESS_TOKEN=$(sless token create team-a) sless -n team-a ls"
+        after_help = "Examples:\n  SLESS_TOKEN=$(sless token create --namespace team-a) sless -n team-a ls\n  sless token create team-a"
     )]
     Create {
-        /// Namespace the token is for.
-        ns: String,
+        /// Namespace the token is for [default: the global --namespace].
+        ns: Option<String>,
     },
+    /// List tokens by id, creation and last use (never their values): all of them
+    /// for an admin token, the own namespace's for any other.
+    #[command(after_help = "Examples:\n  sless token ls\n  sless token ls team-a")]
+    Ls {
+        /// Only this namespace's tokens.
+        ns: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token by its id (from `sless token ls`); it is refused from the next request on.
+    #[command(after_help = "Example:\n  sless token rm 0123456789ab")]
+    Rm {
+        /// The token's id.
+        id: String,
+    },
+    /// Replace the admin token with a new one (needs the admin token), printed once.
+    /// The old one is refused at once; the server keeps the new one in
+    /// `<data dir>/admin-token`. Refused when the server's admin token is set by
+    /// SLESS_ADMIN_TOKEN.
+    #[command(
+        name = "rotate-admin",
+        after_help = "Example:\n  sless token rotate-admin"
+    )]
+    RotateAdmin,
 }
 
 /// Runs `sless token ...`.
 pub async fn token(ctx: &Ctx, command: TokenCommand) -> anyhow::Result<ExitCode> {
     match command {
         TokenCommand::Create { ns } => {
+            let ns = ns.unwrap_or_else(|| ctx.namespace.clone());
             let token = ctx
                 .client
                 .create_token(&ns)
                 .await
                 .with_context(|| format!("cannot create a token for {ns}"))?;
             println!("{token}");
+        }
+        TokenCommand::Ls { ns, json } => {
+            let tokens = ctx
+                .client
+                .list_tokens(ns.as_deref())
+                .await
+                .context("cannot list tokens")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&tokens)?);
+            } else {
+                let rows: Vec<Vec<String>> = tokens
+                    .into_iter()
+                    .map(|t| {
+                        vec![
+                            t.id,
+                            t.namespace,
+                            t.created_at,
+                            t.last_used_at.unwrap_or_else(|| "never".into()),
+                        ]
+                    })
+                    .collect();
+                print!(
+                    "{}",
+                    table::render(&["ID", "NAMESPACE", "CREATED", "LAST USED"], &rows)
+                );
+            }
+        }
+        TokenCommand::Rm { id } => {
+            ctx.client
+                .delete_token(&id)
+                .await
+                .with_context(|| format!("cannot revoke token {id}"))?;
+            println!("revoked token {id}");
+        }
+        TokenCommand::RotateAdmin => {
+            let token = ctx
+                .client
+                .rotate_admin_token()
+                .await
+                .context("cannot rotate the admin token")?;
+            println!("{token}");
+            if let super::TokenSource::File(path, _) = &ctx.token {
+                eprintln!(
+                    "the old admin token no longer works; the server has written the new one to its \
+                     data directory ({} if it is this one)",
+                    path.display()
+                );
+            } else {
+                eprintln!("the old admin token no longer works: use the new one from now on");
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod api;
+mod audit;
 mod cli;
 mod harness;
 mod hostile_builds;
