@@ -254,6 +254,11 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(".new");
     let tmp = path.with_file_name(name);
+    // A leftover from an interrupted write may have other permissions: start afresh.
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

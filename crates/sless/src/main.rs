@@ -169,6 +169,35 @@ mod tests {
     }
 
     #[test]
+    fn token_subcommands_parse() {
+        let cli = Cli::try_parse_from(["sless", "token", "create", "--namespace", "team-a"])
+            .expect("parses");
+        assert_eq!(cli.global.namespace, "team-a");
+        assert!(matches!(
+            cli.command,
+            Command::Token(admin::TokenCommand::Create { ns: None })
+        ));
+        let cli = Cli::try_parse_from(["sless", "token", "rm", "0123456789ab"]).expect("parses");
+        assert!(matches!(
+            cli.command,
+            Command::Token(admin::TokenCommand::Rm { ref id }) if id == "0123456789ab"
+        ));
+        let cli = Cli::try_parse_from(["sless", "token", "rotate-admin"]).expect("parses");
+        assert!(matches!(
+            cli.command,
+            Command::Token(admin::TokenCommand::RotateAdmin)
+        ));
+        let cli = Cli::try_parse_from(["sless", "token", "ls", "--json"]).expect("parses");
+        assert!(matches!(
+            cli.command,
+            Command::Token(admin::TokenCommand::Ls {
+                ns: None,
+                json: true
+            })
+        ));
+    }
+
+    #[test]
     fn trigger_job_and_invocation_commands_are_wired() {
         let cli = Cli::try_parse_from(["sless", "trigger", "disable", "nightly", "-n", "team-a"])
             .expect("parses");
