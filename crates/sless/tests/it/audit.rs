@@ -306,12 +306,34 @@ async fn the_admin_token_is_rotated_without_a_restart_and_a_restart_keeps_it() {
     let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
 
+    // Once more from the command line: it prints the new token once.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sless"))
+        .args(["token", "rotate-admin"])
+        .env("SLESS_SERVER", &url)
+        .env("SLESS_TOKEN", &new)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let newest = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let (status, _) = req(&url, Method::GET, "/v1/whoami", Some(&newest), None).await;
+    assert_eq!(status, 200);
+    let (status, _) = req(&url, Method::GET, "/v1/whoami", Some(&new), None).await;
+    assert_eq!(status, 401);
+    assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), newest);
+
     child.kill().await.unwrap();
     let (_child, url) = serve_generated(&data).await;
-    let (status, _) = req(&url, Method::GET, "/v1/whoami", Some(&new), None).await;
+    let (status, _) = req(&url, Method::GET, "/v1/whoami", Some(&newest), None).await;
     assert_eq!(status, 200, "the rotated token survives a restart");
-    let (status, _) = req(&url, Method::GET, "/v1/whoami", Some(&old), None).await;
-    assert_eq!(status, 401);
+    for stale in [&old, &new] {
+        let (status, _) = req(&url, Method::GET, "/v1/whoami", Some(stale), None).await;
+        assert_eq!(status, 401);
+    }
 }
 
 /// A namespace token cannot rotate the admin token: the endpoint does not exist for it.
