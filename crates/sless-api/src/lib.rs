@@ -13,6 +13,8 @@ mod namespaces;
 mod storage;
 mod triggers;
 
+pub mod jwt;
+
 use std::sync::Arc;
 
 use axum::Router;
