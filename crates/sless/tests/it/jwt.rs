@@ -480,3 +480,53 @@ async fn bad_jwt_configuration_stops_the_server_naming_the_flag() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_jwt_calls_the_private_functions_of_its_namespace_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = write(dir.path(), "secret", SECRET.as_bytes());
+    let server = Server::start_with(&["--jwt-hs256-secret-file", &secret]).await;
+    let frank = hs256(&claims("frank"));
+    let grace = hs256(&claims("grace"));
+    // Frank's first sign-in creates his namespace; he deploys a private function there.
+    let as_frank = sless_client::Client::new(&server.url(), Some(frank.clone())).unwrap();
+    as_frank
+        .create_function(
+            "frank",
+            &json!({"name": "hello", "runtime": "python3", "private": true}),
+        )
+        .await
+        .unwrap();
+    let handler = "def handle(event):\n    return {\"hello\": \"frank\"}\n";
+    let up = as_frank
+        .upload_code(
+            "frank",
+            "hello",
+            crate::harness::zip(&[("handler.py", handler)]),
+        )
+        .await
+        .unwrap();
+    server.wait_settled("frank", "hello", up.revision).await;
+
+    let url = format!("{}/fn/frank/hello", server.url());
+    let call = |token: Option<String>| {
+        let mut req = server.client.http().get(&url);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            (resp.status().as_u16(), resp.text().await.unwrap())
+        }
+    };
+    let (status, body) = call(Some(frank.clone())).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("frank"), "{body}");
+    assert_eq!(call(None).await.0, 401);
+    assert_eq!(call(Some(grace)).await.0, 404, "another subject");
+    let mut expired = claims("frank");
+    expired["exp"] = json!(now() - 600);
+    // As for any token the gateway refuses: the function is not shown to exist.
+    assert_eq!(call(Some(hs256(&expired))).await.0, 404);
+    assert_eq!(call(Some("sless_unknown".into())).await.0, 404);
+}
