@@ -530,3 +530,92 @@ async fn a_jwt_calls_the_private_functions_of_its_namespace_only() {
     assert_eq!(call(Some(hs256(&expired))).await.0, 404);
     assert_eq!(call(Some("sless_unknown".into())).await.0, 404);
 }
+
+/// A JWKS file with a P-256 key (ES256) and an Ed25519 key (EdDSA); the private
+/// keys are handed to `jsonwebtoken` as PKCS#8 DER built here.
+#[tokio::test]
+async fn es256_and_eddsa_keys_from_a_jwks_file() {
+    let d: [u8; 32] = rand_bytes();
+    let ec = p256::ecdsa::SigningKey::from_slice(&d).unwrap();
+    let point = ec.verifying_key().to_sec1_point(false);
+    let xy = &point.as_bytes()[1..];
+    // PKCS#8 { ecPublicKey, prime256v1, ECPrivateKey { 1, d } }
+    let mut ec_der =
+        hex_bytes("3041020100301306072a8648ce3d020106082a8648ce3d030107042730250201010420");
+    ec_der.extend_from_slice(&d);
+    let seed: [u8; 32] = rand_bytes();
+    let ed_public = ed25519_dalek::SigningKey::from_bytes(&seed)
+        .verifying_key()
+        .to_bytes();
+    // PKCS#8 { Ed25519, seed }
+    let mut ed_der = hex_bytes("302e020100300506032b657004220420");
+    ed_der.extend_from_slice(&seed);
+
+    let dir = tempfile::tempdir().unwrap();
+    let doc = json!({"keys": [
+        {"kty": "EC", "crv": "P-256", "kid": "ec1", "x": b64(&xy[..32]), "y": b64(&xy[32..])},
+        {"kty": "OKP", "crv": "Ed25519", "kid": "ed1", "x": b64(&ed_public)},
+    ]});
+    let file = write(dir.path(), "jwks.json", doc.to_string().as_bytes());
+    let server = Server::start_with(&["--jwt-jwks-file", &file]).await;
+    let sign = |alg: Algorithm, kid: &str, der: &[u8], sub: &str| {
+        let mut header = Header::new(alg);
+        header.kid = Some(kid.into());
+        let key = match alg {
+            Algorithm::ES256 => EncodingKey::from_ec_der(der),
+            _ => EncodingKey::from_ed_der(der),
+        };
+        encode(&header, &claims(sub), &key).unwrap()
+    };
+    let (status, who) = get(
+        &server,
+        &sign(Algorithm::ES256, "ec1", &ec_der, "hana"),
+        "/v1/whoami",
+    )
+    .await;
+    assert_eq!(
+        (status, &who["namespaces"]),
+        (200, &json!(["hana"])),
+        "{who}"
+    );
+    let (status, who) = get(
+        &server,
+        &sign(Algorithm::EdDSA, "ed1", &ed_der, "ivan"),
+        "/v1/whoami",
+    )
+    .await;
+    assert_eq!(
+        (status, &who["namespaces"]),
+        (200, &json!(["ivan"])),
+        "{who}"
+    );
+    // A key verifies only the algorithm of its type.
+    refused(
+        &server,
+        &sign(Algorithm::ES256, "ed1", &ec_der, "hana"),
+        "algorithm not allowed: ES256",
+    )
+    .await;
+    let other: [u8; 32] = rand_bytes();
+    let mut other_der = hex_bytes("302e020100300506032b657004220420");
+    other_der.extend_from_slice(&other);
+    refused(
+        &server,
+        &sign(Algorithm::EdDSA, "ed1", &other_der, "ivan"),
+        "bad signature",
+    )
+    .await;
+}
+
+fn rand_bytes() -> [u8; 32] {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).unwrap();
+    b
+}
+
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
