@@ -65,12 +65,10 @@ struct Remote {
     url: String,
     http: reqwest::Client,
     min_refetch: Duration,
-    state: tokio::sync::Mutex<RemoteKeys>,
-}
-
-struct RemoteKeys {
-    keys: HashMap<String, std::sync::Arc<Key>>,
-    fetched_at: Instant,
+    /// The keys last fetched: read without waiting for a fetch in progress.
+    keys: std::sync::RwLock<HashMap<String, std::sync::Arc<Key>>>,
+    /// When the URL was last fetched; held while a fetch runs, so one runs at a time.
+    fetched_at: tokio::sync::Mutex<Instant>,
 }
 
 /// A verified token: who signed in, and the namespace it acts in.
@@ -132,10 +130,8 @@ impl JwtVerifier {
                     url: url.clone(),
                     http,
                     min_refetch: config.min_refetch,
-                    state: tokio::sync::Mutex::new(RemoteKeys {
-                        keys,
-                        fetched_at: Instant::now(),
-                    }),
+                    keys: std::sync::RwLock::new(keys),
+                    fetched_at: tokio::sync::Mutex::new(Instant::now()),
                 })
             }
             None => None,
@@ -215,7 +211,12 @@ impl JwtVerifier {
             .get("exp")
             .and_then(|v| v.as_f64())
             .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(|s| UNIX_EPOCH + Duration::from_secs(s as u64))
+            // Far-future values saturate rather than overflow the clock type.
+            .map(|s| {
+                UNIX_EPOCH
+                    .checked_add(Duration::from_secs(s as u64))
+                    .unwrap_or_else(|| SystemTime::now() + CACHE_TTL)
+            })
             .ok_or_else(|| unauthorized("the exp claim is not a number of seconds"))?;
         let value = claims
             .get(&self.namespace_claim)
@@ -295,22 +296,30 @@ impl JwtVerifier {
     /// per `min_refetch`.
     async fn remote_key(&self, kid: &str) -> Option<std::sync::Arc<Key>> {
         let remote = self.remote.as_ref()?;
-        let mut state = remote.state.lock().await;
-        if let Some(k) = state.keys.get(kid) {
-            return Some(k.clone());
+        let known = |remote: &Remote| {
+            let keys = remote.keys.read().unwrap_or_else(|e| e.into_inner());
+            keys.get(kid).cloned()
+        };
+        if let Some(k) = known(remote) {
+            return Some(k);
         }
-        if state.fetched_at.elapsed() < remote.min_refetch {
+        let mut fetched_at = remote.fetched_at.lock().await;
+        // A fetch that ran while this one waited may have brought the key.
+        if let Some(k) = known(remote) {
+            return Some(k);
+        }
+        if fetched_at.elapsed() < remote.min_refetch {
             return None;
         }
         // Counted as a fetch even when it fails, so a down provider is not hammered.
-        state.fetched_at = Instant::now();
+        *fetched_at = Instant::now();
         match fetch(&remote.http, &remote.url).await {
-            Ok(keys) => state.keys = keys,
+            Ok(keys) => *remote.keys.write().unwrap_or_else(|e| e.into_inner()) = keys,
             Err(e) => {
                 tracing::warn!(url = %remote.url, error = %e, "cannot refetch the JWKS; keeping the keys known");
             }
         }
-        state.keys.get(kid).cloned()
+        known(remote)
     }
 }
 

@@ -312,6 +312,12 @@ async fn hs256_subjects_get_their_own_namespaces_created_on_first_use() {
     refused(&server, &none, "algorithm not allowed: none").await;
     refused(&server, "abc.def.ghi", "malformed").await;
 
+    // A far-future exp is taken (and breaks nothing).
+    let (status, _) = get(&server, &with(&|c| c["exp"] = json!(1e300)), "/v1/whoami").await;
+    assert!(status == 200 || status == 401, "{status}");
+    let (status, _) = get(&server, &genuine, "/v1/whoami").await;
+    assert_eq!(status, 200, "the server still answers");
+
     // Within the leeway, an expired token is still taken.
     let (status, _) = get(
         &server,
