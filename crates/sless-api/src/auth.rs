@@ -16,6 +16,7 @@ use sless_store::{Store, TokenStore};
 
 use crate::AppState;
 use crate::error::ApiError;
+use crate::jwt::JwtVerifier;
 
 /// Who is calling.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,6 +118,8 @@ pub struct Tokens {
     cache: Mutex<TokenCache>,
     /// Failed authentications per client address (API and private functions alike).
     limiter: AuthLimiter,
+    /// JWT sign-in, when configured.
+    jwt: Option<Arc<JwtVerifier>>,
 }
 
 impl Tokens {
@@ -136,6 +139,7 @@ impl Tokens {
             )),
             cache: Mutex::new(TokenCache::default()),
             limiter,
+            jwt: None,
         }
     }
 
@@ -210,6 +214,11 @@ impl Tokens {
         if self.is_admin_hash(&hash) {
             return Ok(Some(Caller::Admin));
         }
+        if let Some(jwt) = &self.jwt
+            && crate::jwt::looks_like_jwt(token)
+        {
+            return self.resolve_jwt(jwt, token, hash).await.map(Some);
+        }
         let hit = self.cache().get(&hash, Instant::now());
         if let Some(hit) = hit {
             if hit.is_some() {
@@ -231,6 +240,38 @@ impl Tokens {
             self.touch(&hash).await;
         }
         Ok(ns.map(|ns| token_caller(ns, &hash)))
+    }
+
+    /// Accepts JWTs verified by `jwt` as well as tokens.
+    pub fn with_jwt(mut self, jwt: Arc<JwtVerifier>) -> Self {
+        self.jwt = Some(jwt);
+        self
+    }
+
+    /// A JWT's caller: verified (or verified recently), its namespace created on
+    /// its first valid use. Refusals are `401` naming the failed check (`403` for
+    /// a namespace claim that maps to no valid name).
+    async fn resolve_jwt(
+        &self,
+        jwt: &JwtVerifier,
+        token: &str,
+        hash: String,
+    ) -> Result<Caller, ApiError> {
+        let verified = match jwt.cached(&hash) {
+            Some(v) => v,
+            None => {
+                let (v, exp) = jwt.verify(token).await?;
+                if self.store.ensure_namespace(&v.namespace).await? {
+                    tracing::info!(namespace = %v.namespace, subject = %v.subject, "namespace created at first JWT sign-in");
+                }
+                jwt.remember(hash, v.clone(), exp);
+                v
+            }
+        };
+        Ok(Caller::Namespace {
+            namespace: verified.namespace,
+            actor: Actor::Jwt(verified.subject),
+        })
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, TokenCache> {
@@ -476,7 +517,12 @@ impl sless_gateway::Authorizer for Tokens {
                 }
                 sless_gateway::Access::Denied
             }
-            Err(_) => sless_gateway::Access::Denied,
+            Err(e) => {
+                if let (Some(ip), ApiError::Unauthorized(_)) = (peer, &e) {
+                    self.limiter.failed(ip);
+                }
+                sless_gateway::Access::Denied
+            }
         }
     }
 }
@@ -507,7 +553,11 @@ impl FromRequestParts<AppState> for Caller {
         if let Some(ip) = peer {
             limiter.check(ip).map_err(AuthLimiter::too_many)?;
         }
-        match state.tokens.resolve(token).await? {
+        let resolved = state.tokens.resolve(token).await;
+        if let (Some(ip), Err(ApiError::Unauthorized(_))) = (peer, &resolved) {
+            limiter.failed(ip); // a refused JWT
+        }
+        match resolved? {
             Some(caller) => {
                 crate::audit::note_actor(&parts.extensions, &caller);
                 Ok(caller)

@@ -15,6 +15,8 @@ mod storage;
 mod tokens;
 mod triggers;
 
+pub mod jwt;
+
 use std::sync::Arc;
 
 use axum::Router;

@@ -166,6 +166,31 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub allow_host_network: bool,
+
+    // JWT sign-in (see the README's "Signing in with a JWT").
+    /// A file holding the HS256 shared secret JWTs may be signed with (at least 32
+    /// bytes; a trailing newline is not part of it).
+    #[arg(long, env = "SLESS_JWT_HS256_SECRET_FILE")]
+    pub jwt_hs256_secret_file: Option<PathBuf>,
+    /// A JWKS file whose RS256, ES256 and EdDSA keys verify JWTs, picked by `kid`.
+    #[arg(long, env = "SLESS_JWT_JWKS_FILE")]
+    pub jwt_jwks_file: Option<PathBuf>,
+    /// A URL serving a JWKS whose keys verify JWTs: fetched at start, refetched when
+    /// a token names an unknown `kid`.
+    #[arg(long, env = "SLESS_JWT_JWKS_URL")]
+    pub jwt_jwks_url: Option<String>,
+    /// The least number of seconds between two fetches of the JWKS URL.
+    #[arg(long, env = "SLESS_JWT_JWKS_MIN_REFETCH_SEC", default_value_t = 60)]
+    pub jwt_jwks_min_refetch_sec: u64,
+    /// The issuer (`iss`) JWTs must name.
+    #[arg(long, env = "SLESS_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+    /// The audience (`aud`) JWTs must name.
+    #[arg(long, env = "SLESS_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+    /// The claim whose value names a JWT's namespace.
+    #[arg(long, env = "SLESS_JWT_NAMESPACE_CLAIM", default_value = "sub")]
+    pub jwt_namespace_claim: String,
 }
 
 impl ServeArgs {
@@ -459,6 +484,9 @@ async fn build(args: ServeArgs) -> Result<Server> {
     if !admin_token_from_env() {
         tokens = tokens.with_admin_file(data_dir.join("admin-token"));
     }
+    if let Some(jwt) = jwt_verifier(&args).await? {
+        tokens = tokens.with_jwt(Arc::new(jwt));
+    }
     let tokens = Arc::new(tokens);
     let audit_retention = {
         let audit_store = audit_store.clone();
@@ -658,6 +686,56 @@ const MIN_ADMIN_TOKEN_CHARS: usize = 16;
 /// Whether the admin token comes from `SLESS_ADMIN_TOKEN` (as [`admin_token`] reads it).
 fn admin_token_from_env() -> bool {
     std::env::var("SLESS_ADMIN_TOKEN").is_ok_and(|t| !t.trim().is_empty())
+}
+
+/// JWT sign-in as the `--jwt-*` flags configure it; `None` when no key is given.
+/// A file that cannot be read or a key set that is not valid stops the server,
+/// naming the flag.
+async fn jwt_verifier(args: &ServeArgs) -> Result<Option<sless_api::jwt::JwtVerifier>> {
+    if args.jwt_hs256_secret_file.is_none()
+        && args.jwt_jwks_file.is_none()
+        && args.jwt_jwks_url.is_none()
+    {
+        if args.jwt_issuer.is_some() || args.jwt_audience.is_some() {
+            bail!(
+                "--jwt-issuer/--jwt-audience need a key: --jwt-hs256-secret-file, --jwt-jwks-file or --jwt-jwks-url"
+            );
+        }
+        return Ok(None);
+    }
+    let hs256_secret = match &args.jwt_hs256_secret_file {
+        Some(path) => {
+            let mut secret = std::fs::read(path).with_context(|| {
+                format!("--jwt-hs256-secret-file: cannot read {}", path.display())
+            })?;
+            while secret.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                secret.pop();
+            }
+            Some(secret)
+        }
+        None => None,
+    };
+    let jwks = match &args.jwt_jwks_file {
+        Some(path) => {
+            let text = std::fs::read(path)
+                .with_context(|| format!("--jwt-jwks-file: cannot read {}", path.display()))?;
+            Some(
+                sless_api::jwt::parse_jwks(&text)
+                    .map_err(|e| anyhow::anyhow!("--jwt-jwks-file {}: {e}", path.display()))?,
+            )
+        }
+        None => None,
+    };
+    let config = sless_api::jwt::JwtConfig {
+        hs256_secret,
+        jwks,
+        jwks_url: args.jwt_jwks_url.clone(),
+        issuer: args.jwt_issuer.clone(),
+        audience: args.jwt_audience.clone(),
+        namespace_claim: args.jwt_namespace_claim.clone(),
+        min_refetch: Duration::from_secs(args.jwt_jwks_min_refetch_sec),
+    };
+    Ok(Some(sless_api::jwt::JwtVerifier::new(config).await?))
 }
 
 /// `SLESS_ADMIN_TOKEN` (at least 16 characters), or the token stored in `<data>/admin-token` (created with

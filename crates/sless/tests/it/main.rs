@@ -22,6 +22,7 @@ mod hostile_sandbox;
 mod hostile_storage;
 mod invoke;
 mod jobs;
+mod jwt;
 mod lifecycle;
 mod records;
 mod sandbox;
