@@ -159,6 +159,15 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub allow_host_network: bool,
+
+    // --- TLS on the listener ---
+    /// Serve over TLS with this PEM certificate chain (the server's certificate
+    /// first); needs --tls-key. Re-read, with the key, on SIGHUP.
+    #[arg(long, env = "SLESS_TLS_CERT", value_name = "PATH")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key (PKCS#8, RSA or EC) of --tls-cert's certificate.
+    #[arg(long, env = "SLESS_TLS_KEY", value_name = "PATH")]
+    pub tls_key: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -206,7 +215,12 @@ pub async fn main(mut args: ServeArgs) -> Result<()> {
     };
     // The start line names the bound address (a spawner waits for it to learn the
     // port); with a --public-url elsewhere, the listening address follows.
-    let listening = if server.public_url == format!("http://{bound}") {
+    let scheme = if server.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let listening = if server.public_url == format!("{scheme}://{bound}") {
         String::new()
     } else {
         format!("listening on {bound}, ")
@@ -229,6 +243,8 @@ pub struct Server {
     public_url: String,
     functions: usize,
     conn_limits: crate::accept::ConnLimits,
+    /// The listener's TLS, when `--tls-cert`/`--tls-key` are given.
+    tls: Option<Arc<crate::tls::Tls>>,
     grace: Duration,
     shutdown: CancellationToken,
     recorder: Option<Arc<Recorder>>,
@@ -294,10 +310,15 @@ impl Server {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<()> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let reloading = match &self.tls {
+            Some(tls) => Some(tls.reload_on_sighup(self.shutdown.clone())?),
+            None => None,
+        };
         let mut server = tokio::spawn(crate::accept::serve(
             listener,
             self.app,
             self.conn_limits,
+            self.tls.clone(),
             stop_rx,
         ));
         tokio::select! {
@@ -328,6 +349,9 @@ impl Server {
             tracing::warn!("invocation records were still being written at shutdown");
         }
         self.executor.shutdown(Duration::from_secs(5)).await;
+        if let Some(reloading) = reloading {
+            reloading.abort();
+        }
         tracing::info!("stopped");
         Ok(())
     }
@@ -339,6 +363,11 @@ async fn build(args: ServeArgs) -> Result<Server> {
         .data_dir
         .clone()
         .unwrap_or_else(crate::cli::default_data_dir);
+    // TLS is checked first: a bad certificate or key stops the start at once.
+    let tls = match crate::tls::TlsFiles::from_flags(args.tls_cert.clone(), args.tls_key.clone())? {
+        Some(files) => Some(Arc::new(crate::tls::Tls::load(files)?)),
+        None => None,
+    };
     for (what, path) in [("python", &args.python), ("node", &args.node)] {
         if !path.is_file() {
             bail!(
@@ -433,10 +462,10 @@ async fn build(args: ServeArgs) -> Result<Server> {
         sandbox.clone(),
         logs.clone(),
     )?;
-    let public_url = args
-        .public_url
-        .clone()
-        .unwrap_or_else(|| format!("http://{}", args.listen));
+    let public_url = args.public_url.clone().unwrap_or_else(|| {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", args.listen)
+    });
     let controller = Controller::new(
         store.clone(),
         blobs.clone(),
@@ -556,6 +585,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
         public_url,
         functions,
         conn_limits,
+        tls,
         grace: Duration::from_secs(args.shutdown_grace_sec),
         _stop: StopOnDrop {
             shutdown: shutdown.clone(),
