@@ -216,5 +216,53 @@ mod tests {
             err.contains("--tls-cert") && err.contains("no certificate"),
             "{err}"
         );
+        let err = load(&missing, &empty);
+        assert!(err.contains("missing.pem"), "{err}");
+    }
+
+    /// A self-signed certificate for `cert_key` and `key` as its key, written to `dir`.
+    fn pair(dir: &Path, name: &str, key: &rcgen::KeyPair, cert_key: &rcgen::KeyPair) -> TlsFiles {
+        let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        let cert = params.self_signed(cert_key).unwrap();
+        let files = TlsFiles {
+            cert: dir.join(format!("{name}.crt")),
+            key: dir.join(format!("{name}.key")),
+        };
+        std::fs::write(&files.cert, cert.pem()).unwrap();
+        std::fs::write(&files.key, key.serialize_pem()).unwrap();
+        files
+    }
+
+    #[test]
+    fn rsa_ecdsa_and_ed25519_keys_load_and_a_foreign_key_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = [
+            rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap(),
+            rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap(),
+            rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap(),
+            rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_2048)
+                .unwrap(),
+        ];
+        for (i, key) in keys.iter().enumerate() {
+            let files = pair(dir.path(), &format!("k{i}"), key, key);
+            let tls = Tls::load(files).unwrap_or_else(|e| panic!("key {i}: {e:#}"));
+            tls.reload().unwrap();
+        }
+        let files = pair(dir.path(), "foreign", &keys[0], &keys[1]);
+        let err = format!("{:#}", Tls::load(files).err().unwrap());
+        assert!(err.contains("does not match"), "{err}");
+    }
+
+    #[test]
+    fn a_failed_reload_keeps_the_pair_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let files = pair(dir.path(), "a", &key, &key);
+        let tls = Tls::load(files.clone()).unwrap();
+        let before = tls.current.0.read().unwrap().cert.clone();
+        std::fs::write(&files.key, "not a key").unwrap();
+        let err = format!("{:#}", tls.reload().unwrap_err());
+        assert!(err.contains("--tls-key"), "{err}");
+        assert_eq!(tls.current.0.read().unwrap().cert, before);
     }
 }

@@ -25,4 +25,5 @@ mod lifecycle;
 mod records;
 mod sandbox;
 mod scaling;
+mod tls;
 mod triggers;
