@@ -105,6 +105,10 @@ impl ClientError {
                 {
                     return true;
                 }
+                // The connector may pass rustls's error on as text only.
+                if e.to_string().starts_with("invalid peer certificate") {
+                    return true;
+                }
             }
             next = err.source();
         }
