@@ -310,10 +310,6 @@ impl Server {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<()> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let reloading = match &self.tls {
-            Some(tls) => Some(tls.reload_on_sighup(self.shutdown.clone())?),
-            None => None,
-        };
         let mut server = tokio::spawn(crate::accept::serve(
             listener,
             self.app,
@@ -349,9 +345,6 @@ impl Server {
             tracing::warn!("invocation records were still being written at shutdown");
         }
         self.executor.shutdown(Duration::from_secs(5)).await;
-        if let Some(reloading) = reloading {
-            reloading.abort();
-        }
         tracing::info!("stopped");
         Ok(())
     }
@@ -495,6 +488,11 @@ async fn build(args: ServeArgs) -> Result<Server> {
         controller.failed_functions(),
     ));
     let shutdown = CancellationToken::new();
+    // From here on SIGHUP re-reads the TLS pair (instead of ending a starting
+    // server); the task ends with the server's background work.
+    if let Some(tls) = &tls {
+        tls.reload_on_sighup(shutdown.clone())?;
+    }
     let routes = Arc::new(HttpRoutes::default());
     let triggers = Triggers::start(
         invoker.clone(),
