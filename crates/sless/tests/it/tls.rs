@@ -191,12 +191,25 @@ impl Drop for TlsServer {
 }
 
 async fn cli(server: &TlsServer, args: &[&str]) -> std::process::Output {
+    cli_with_env(server, args, &[]).await
+}
+
+/// The CLI with the system trust store overridden as OpenSSL's variables do
+/// (`SSL_CERT_FILE`), and only as `env` says.
+async fn cli_with_env(
+    server: &TlsServer,
+    args: &[&str],
+    env: &[(&str, &Path)],
+) -> std::process::Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_sless"))
         .args(args)
         .env("SLESS_SERVER", server.url())
         .env("SLESS_TOKEN", TOKEN)
         .env_remove("SLESS_NAMESPACE")
         .env_remove("SLESS_CA_CERT")
+        .env_remove("SSL_CERT_FILE")
+        .env_remove("SSL_CERT_DIR")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .await
@@ -287,6 +300,11 @@ async fn api_functions_and_cli_over_https_with_a_private_ca() {
         "{}",
         text(&out.stderr)
     );
+
+    // The system trust store, here the test's CA as `SSL_CERT_FILE`, is trusted
+    // without --ca-cert.
+    let out = cli_with_env(&server, &["ls"], &[("SSL_CERT_FILE", &files.ca)]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
 
     // A --ca-cert that is not a certificate names the flag.
     let out = cli(&server, &["ls", "--ca-cert", path_str(&files.key)]).await;
