@@ -43,6 +43,12 @@ pub enum ClientError {
         /// Why it was refused.
         reason: String,
     },
+    /// The CA certificate given to [`crate::Client::with_ca_cert`] cannot be used.
+    #[error("the CA certificate cannot be used: {reason}")]
+    InvalidCaCert {
+        /// Why it was refused.
+        reason: String,
+    },
     /// [`crate::Client::wait_ready`] ran out of time before the revision settled.
     #[error(
         "function {namespace}/{name} did not reach Ready or Failed for revision {revision} within {}s (last phase: {last_phase})",
@@ -80,6 +86,35 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// True when the server's TLS certificate was refused: it does not chain to a
+    /// trusted CA, names another host, or has expired.
+    pub fn is_untrusted_certificate(&self) -> bool {
+        let ClientError::Http { source, .. } = self else {
+            return false;
+        };
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(source);
+        while let Some(err) = next {
+            // An `io::Error`'s `source()` skips the error it wraps: look inside too.
+            let inner = err
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .map(|e| e as &(dyn std::error::Error + 'static));
+            for e in std::iter::once(err).chain(inner) {
+                if let Some(rustls::Error::InvalidCertificate(_)) =
+                    e.downcast_ref::<rustls::Error>()
+                {
+                    return true;
+                }
+                // The connector may pass rustls's error on as text only.
+                if e.to_string().starts_with("invalid peer certificate") {
+                    return true;
+                }
+            }
+            next = err.source();
+        }
+        false
+    }
+
     /// The HTTP status of an [`ClientError::Api`] error, `None` for every other kind.
     pub fn status(&self) -> Option<u16> {
         match self {

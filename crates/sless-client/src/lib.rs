@@ -52,6 +52,17 @@ impl Client {
     /// Creates a client for `server` (`http://host:port`, `https://host/prefix`, or a bare
     /// `host:port`, which means plain HTTP). `token` is sent as `Authorization: Bearer`.
     pub fn new(server: &str, token: Option<String>) -> Result<Client> {
+        Client::with_ca_cert(server, token, None)
+    }
+
+    /// Like [`Client::new`]; with `ca_pem` (one or more PEM certificates), an `https://`
+    /// server is trusted only if its certificate chains to one of them, instead of to the
+    /// system's trust store (as `curl --cacert` does): for a server with a private CA.
+    pub fn with_ca_cert(
+        server: &str,
+        token: Option<String>,
+        ca_pem: Option<&[u8]>,
+    ) -> Result<Client> {
         let invalid = |reason: &str| ClientError::InvalidUrl {
             url: server.to_string(),
             reason: reason.to_string(),
@@ -72,14 +83,26 @@ impl Client {
         if url.query().is_some() || url.fragment().is_some() {
             return Err(invalid("it may not have a query or fragment"));
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
-            .user_agent(concat!("sless-client/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|source| ClientError::Http {
-                url: server.to_string(),
-                source,
+            .user_agent(concat!("sless-client/", env!("CARGO_PKG_VERSION")));
+        if let Some(pem) = ca_pem {
+            let certs = reqwest::Certificate::from_pem_bundle(pem).map_err(|e| {
+                ClientError::InvalidCaCert {
+                    reason: format!("it is not PEM: {e}"),
+                }
             })?;
+            if certs.is_empty() {
+                return Err(ClientError::InvalidCaCert {
+                    reason: "it holds no `-----BEGIN CERTIFICATE-----` block".to_string(),
+                });
+            }
+            builder = builder.tls_certs_only(certs);
+        }
+        let http = builder.build().map_err(|source| ClientError::Http {
+            url: server.to_string(),
+            source,
+        })?;
         let base = url.as_str().trim_end_matches('/').to_string();
         Ok(Client {
             http,

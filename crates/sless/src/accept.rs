@@ -4,6 +4,10 @@
 //! accept errors (out of file descriptors) survived by backing off instead of
 //! spinning or exiting; and the requests hyper refuses before any service sees
 //! them answered in the contract's error shape (see [`EdgeIo`]).
+//!
+//! With TLS ([`crate::tls`]) each connection's handshake runs in its own task,
+//! bounded by the header timeout, so a slow or failed handshake never holds up the
+//! loop; a client speaking plain HTTP to the TLS port gets a plain `400` saying so.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -180,12 +184,13 @@ impl<F> Drop for Busy<F> {
     }
 }
 
-/// Serves `listener` until `stop` turns true, then waits for open connections to
-/// finish their requests (the caller bounds that wait).
+/// Serves `listener` (over TLS when `tls` is given) until `stop` turns true, then
+/// waits for open connections to finish their requests (the caller bounds that wait).
 pub async fn serve(
     listener: TcpListener,
     app: FastPath,
     limits: ConnLimits,
+    tls: Option<Arc<crate::tls::Tls>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let open = Open {
@@ -242,12 +247,31 @@ pub async fn serve(
             peer,
             state: state.clone(),
         };
-        let io = EdgeIo {
-            inner: stream,
-            state: state.clone(),
-            answered: 0,
-            pending: None,
-        };
+        if let Some(tls) = &tls {
+            let acceptor = tls.acceptor().clone();
+            let watcher = graceful.watcher();
+            let builder = builder.clone();
+            let timeout = limits.header_timeout;
+            tokio::spawn(async move {
+                let serve = async {
+                    let Some(stream) = handshake(&acceptor, stream, timeout).await else {
+                        return;
+                    };
+                    let io = EdgeIo::new(stream, state.clone());
+                    // Errors here are the client's, as below.
+                    let _ = watcher
+                        .watch(builder.serve_connection(TokioIo::new(io), service))
+                        .await;
+                };
+                tokio::select! {
+                    () = serve => {}
+                    _ = state.evict.cancelled() => {}
+                }
+                drop(slot);
+            });
+            continue;
+        }
+        let io = EdgeIo::new(stream, state.clone());
         let conn = graceful.watch(builder.serve_connection(TokioIo::new(io), service));
         tokio::spawn(async move {
             // Errors here are the client's (a reset, a timeout, a malformed request).
@@ -262,6 +286,54 @@ pub async fn serve(
     graceful.shutdown().await;
 }
 
+/// The first byte of every TLS connection: a handshake record.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// The TLS handshake of one connection, bounded by the header timeout. A client
+/// speaking plain HTTP is answered `400` in plain HTTP (it could read nothing else)
+/// and closed; a failed or timed-out handshake just closes the connection.
+async fn handshake(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    mut stream: TcpStream,
+    timeout: Duration,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let shake = async {
+        let mut first = [0u8; 1];
+        if stream.peek(&mut first).await.ok()? == 0 {
+            return None;
+        }
+        if first[0] != TLS_HANDSHAKE_RECORD {
+            let body = sless_gateway::error_body(
+                "invalid",
+                "this server speaks HTTPS on this port: use an https:// URL",
+            );
+            let mut answer = format!(
+                "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            )
+            .into_bytes();
+            answer.extend_from_slice(&body);
+            let _ = stream.write_all(&answer).await;
+            let _ = stream.shutdown().await;
+            // What the client sent is read and dropped until it closes (within the
+            // timeout), so the close is not a reset that could discard the answer.
+            let mut sink = [0u8; 4096];
+            while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+            return None;
+        }
+        match acceptor.accept(stream).await {
+            Ok(tls) => Some(tls),
+            Err(e) => {
+                tracing::debug!(error = %e, "TLS handshake failed");
+                None
+            }
+        }
+    };
+    tokio::time::timeout(timeout, shake).await.ok().flatten()
+}
+
 /// A connection's socket as hyper sees it. hyper answers a request it cannot parse
 /// itself, before any service sees it, with an empty body: a malformed request line
 /// or header `400`, a URI over 65,534 bytes `414`, over 100 header fields or a head
@@ -271,8 +343,8 @@ pub async fn serve(
 /// answer began, and writes the contract's `{"error": {"code", "message"}}` in its
 /// place. Everything else passes through untouched: per write, the cost is one
 /// comparison of a counter.
-struct EdgeIo {
-    inner: TcpStream,
+struct EdgeIo<S> {
+    inner: S,
     state: Arc<ConnState>,
     /// `state.calls` when the latest answer began to be written.
     answered: u64,
@@ -280,7 +352,16 @@ struct EdgeIo {
     pending: Option<(Vec<u8>, usize)>,
 }
 
-impl EdgeIo {
+impl<S> EdgeIo<S> {
+    fn new(inner: S, state: Arc<ConnState>) -> EdgeIo<S> {
+        EdgeIo {
+            inner,
+            state,
+            answered: 0,
+            pending: None,
+        }
+    }
+
     /// Whether this write begins the answer to a request the service was handed
     /// since the last answer began (then it is the service's, never replaced).
     fn begins_service_answer(&mut self) -> bool {
@@ -306,8 +387,10 @@ impl EdgeIo {
     }
 
     /// Writes what is left of a replacement answer.
-    fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        use tokio::io::AsyncWrite;
+    fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>>
+    where
+        S: tokio::io::AsyncWrite + Unpin,
+    {
         while let Some((bytes, written)) = &mut self.pending {
             if *written >= bytes.len() {
                 self.pending = None;
@@ -386,7 +469,7 @@ fn contract_answer(status: u16) -> Vec<u8> {
     answer
 }
 
-impl tokio::io::AsyncRead for EdgeIo {
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for EdgeIo<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -396,7 +479,7 @@ impl tokio::io::AsyncRead for EdgeIo {
     }
 }
 
-impl tokio::io::AsyncWrite for EdgeIo {
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for EdgeIo<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

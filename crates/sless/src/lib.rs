@@ -1,7 +1,8 @@
 //! The `sless` binary's code as a library: the server's wiring ([`serve`]), its
-//! connection handling ([`accept`]) and the command-line client ([`cli`]), so tests
+//! connection handling ([`accept`], [`tls`]) and the command-line client ([`cli`]), so tests
 //! can build a server in-process and drive it without spawning the binary.
 
 pub mod accept;
 pub mod cli;
 pub mod serve;
+pub mod tls;

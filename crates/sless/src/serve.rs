@@ -191,6 +191,14 @@ pub struct ServeArgs {
     /// The claim whose value names a JWT's namespace.
     #[arg(long, env = "SLESS_JWT_NAMESPACE_CLAIM", default_value = "sub")]
     pub jwt_namespace_claim: String,
+    // --- TLS on the listener ---
+    /// Serve over TLS with this PEM certificate chain (the server's certificate
+    /// first); needs --tls-key. Re-read, with the key, on SIGHUP.
+    #[arg(long, env = "SLESS_TLS_CERT", value_name = "PATH")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key (PKCS#8, RSA or EC) of --tls-cert's certificate.
+    #[arg(long, env = "SLESS_TLS_KEY", value_name = "PATH")]
+    pub tls_key: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -238,7 +246,12 @@ pub async fn main(mut args: ServeArgs) -> Result<()> {
     };
     // The start line names the bound address (a spawner waits for it to learn the
     // port); with a --public-url elsewhere, the listening address follows.
-    let listening = if server.public_url == format!("http://{bound}") {
+    let scheme = if server.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let listening = if server.public_url == format!("{scheme}://{bound}") {
         String::new()
     } else {
         format!("listening on {bound}, ")
@@ -261,6 +274,8 @@ pub struct Server {
     public_url: String,
     functions: usize,
     conn_limits: crate::accept::ConnLimits,
+    /// The listener's TLS, when `--tls-cert`/`--tls-key` are given.
+    tls: Option<Arc<crate::tls::Tls>>,
     grace: Duration,
     shutdown: CancellationToken,
     recorder: Option<Arc<Recorder>>,
@@ -330,6 +345,7 @@ impl Server {
             listener,
             self.app,
             self.conn_limits,
+            self.tls.clone(),
             stop_rx,
         ));
         tokio::select! {
@@ -371,6 +387,11 @@ async fn build(args: ServeArgs) -> Result<Server> {
         .data_dir
         .clone()
         .unwrap_or_else(crate::cli::default_data_dir);
+    // TLS is checked first: a bad certificate or key stops the start at once.
+    let tls = match crate::tls::TlsFiles::from_flags(args.tls_cert.clone(), args.tls_key.clone())? {
+        Some(files) => Some(Arc::new(crate::tls::Tls::load(files)?)),
+        None => None,
+    };
     for (what, path) in [("python", &args.python), ("node", &args.node)] {
         if !path.is_file() {
             bail!(
@@ -467,10 +488,10 @@ async fn build(args: ServeArgs) -> Result<Server> {
         sandbox.clone(),
         logs.clone(),
     )?;
-    let public_url = args
-        .public_url
-        .clone()
-        .unwrap_or_else(|| format!("http://{}", args.listen));
+    let public_url = args.public_url.clone().unwrap_or_else(|| {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", args.listen)
+    });
     let controller = Controller::new(
         store.clone(),
         blobs.clone(),
@@ -528,6 +549,11 @@ async fn build(args: ServeArgs) -> Result<Server> {
         controller.failed_functions(),
     ));
     let shutdown = CancellationToken::new();
+    // From here on SIGHUP re-reads the TLS pair (instead of ending a starting
+    // server); the task ends with the server's background work.
+    if let Some(tls) = &tls {
+        tls.reload_on_sighup(shutdown.clone())?;
+    }
     let routes = Arc::new(HttpRoutes::default());
     let triggers = Triggers::start(
         invoker.clone(),
@@ -620,6 +646,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
         public_url,
         functions,
         conn_limits,
+        tls,
         grace: Duration::from_secs(args.shutdown_grace_sec),
         _stop: StopOnDrop {
             shutdown: shutdown.clone(),

@@ -53,6 +53,17 @@ pub struct GlobalArgs {
         default_value = "default"
     )]
     pub namespace: String,
+
+    /// PEM file of the CA certificate(s) to trust for an https:// server, instead of the
+    /// system's trust store (for a server with a private CA).
+    #[arg(
+        long,
+        global = true,
+        env = "SLESS_CA_CERT",
+        value_name = "PATH",
+        help_heading = "Global options"
+    )]
+    pub ca_cert: Option<PathBuf>,
 }
 
 /// The per-user data directory: `$SLESS_DATA_DIR`, else `$XDG_DATA_HOME/sless`, else
@@ -137,7 +148,20 @@ impl Ctx {
     /// Resolves the token and builds the client from the global flags.
     pub fn new(global: &GlobalArgs) -> anyhow::Result<Ctx> {
         let token = resolve_token(global.token.as_deref(), &default_data_dir())?;
-        let client = Client::new(&global.server, token.token())?;
+        let ca_pem = match &global.ca_cert {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .with_context(|| format!("--ca-cert: cannot read {}", path.display()))?,
+            ),
+            None => None,
+        };
+        let client = match Client::with_ca_cert(&global.server, token.token(), ca_pem.as_deref()) {
+            Err(e @ ClientError::InvalidCaCert { .. }) => {
+                let path = global.ca_cert.as_deref().unwrap_or(Path::new(""));
+                return Err(anyhow::Error::new(e).context(format!("--ca-cert {}", path.display())));
+            }
+            other => other?,
+        };
         Ok(Ctx {
             client,
             namespace: global.namespace.clone(),
@@ -162,6 +186,14 @@ impl Ctx {
     /// server refused (saying where the token came from, or that there was none).
     pub fn hint(&self, err: &anyhow::Error) -> Option<String> {
         let client_error = err.chain().find_map(|e| e.downcast_ref::<ClientError>())?;
+        if client_error.is_untrusted_certificate() {
+            return Some(
+                "the server's TLS certificate is not trusted: pass --ca-cert PATH (or set \
+                 SLESS_CA_CERT) with the CA that signed it, and check that --server names a host \
+                 the certificate is for"
+                    .to_string(),
+            );
+        }
         if client_error.is_connect() {
             return Some(format!(
                 "is `sless serve` running at {}? (see --server/SLESS_SERVER)",

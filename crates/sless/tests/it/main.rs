@@ -27,4 +27,5 @@ mod lifecycle;
 mod records;
 mod sandbox;
 mod scaling;
+mod tls;
 mod triggers;
