@@ -12,6 +12,7 @@ mod cas;
 mod invocations;
 mod jobs;
 mod sqlite;
+mod quotas;
 mod storage;
 mod triggers;
 
@@ -26,6 +27,7 @@ pub use jobs::{JobRecord, JobStore};
 /// The record types, where the listing's callers expect them.
 pub use sless_core::invocation::{InvocationRecord, InvocationSource};
 pub use sqlite::SqliteStore;
+pub use quotas::QuotaStore;
 pub use storage::{CodeOwner, StorageStore};
 pub use triggers::{TriggerRecord, TriggerStore};
 

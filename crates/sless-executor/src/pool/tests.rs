@@ -92,6 +92,7 @@ impl Harness {
             Arc::new(AtomicU64::new(1)),
             warm,
             d.clone(),
+            crate::quota::Account::unlimited(),
         );
         Self {
             pool,
