@@ -10,6 +10,7 @@ mod functions;
 mod invocations;
 mod jobs;
 mod namespaces;
+pub mod quotas;
 mod storage;
 mod triggers;
 
@@ -68,6 +69,8 @@ pub struct AppState {
     pub jobs: Arc<Jobs>,
     /// Namespace tokens may give functions `"network": "host"` (otherwise only the admin).
     pub allow_host_network: bool,
+    /// Per-namespace quotas: defaults, overrides, usage.
+    pub quotas: Arc<quotas::Quotas>,
 }
 
 /// A response body: one of `sless_api_types`' shapes, as the JSON document it is sent as.

@@ -180,7 +180,12 @@ impl Account {
     pub fn reserve(self: &Arc<Self>, memory_mb: u64) -> Result<Reservation, QuotaExceeded> {
         let quota = self.quota();
         take(&self.instances, 1, quota.instances, QuotaKind::Instances)?;
-        if let Err(e) = take(&self.memory_mb, memory_mb, quota.memory_mb, QuotaKind::MemoryMb) {
+        if let Err(e) = take(
+            &self.memory_mb,
+            memory_mb,
+            quota.memory_mb,
+            QuotaKind::MemoryMb,
+        ) {
             self.instances.fetch_sub(1, Ordering::AcqRel);
             return Err(e);
         }

@@ -11,8 +11,8 @@
 mod cas;
 mod invocations;
 mod jobs;
-mod sqlite;
 mod quotas;
+mod sqlite;
 mod storage;
 mod triggers;
 
@@ -24,10 +24,10 @@ pub use invocations::{
     DEFAULT_INVOCATION_LIMIT, InvocationFilter, InvocationStore, MAX_INVOCATION_LIMIT,
 };
 pub use jobs::{JobRecord, JobStore};
+pub use quotas::QuotaStore;
 /// The record types, where the listing's callers expect them.
 pub use sless_core::invocation::{InvocationRecord, InvocationSource};
 pub use sqlite::SqliteStore;
-pub use quotas::QuotaStore;
 pub use storage::{CodeOwner, StorageStore};
 pub use triggers::{TriggerRecord, TriggerStore};
 

@@ -22,6 +22,7 @@ mod hostile_storage;
 mod invoke;
 mod jobs;
 mod lifecycle;
+mod quotas;
 mod records;
 mod sandbox;
 mod scaling;
