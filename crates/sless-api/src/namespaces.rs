@@ -109,17 +109,31 @@ async fn quota_request(
     s: &AppState,
     request: axum::extract::Request,
 ) -> Result<Option<Value>, ApiError> {
-    let has_type = request
+    let content_type = request
         .headers()
-        .contains_key(axum::http::header::CONTENT_TYPE);
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default();
     let bytes = crate::read_limited(request, 64 * 1024, s.body_timeout).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
-    if !has_type {
-        return Err(ApiError::UnsupportedMediaType(
-            "expected Content-Type: application/json, got \"nothing\"".into(),
-        ));
+    if content_type != "application/json" {
+        return Err(ApiError::UnsupportedMediaType(format!(
+            "expected Content-Type: application/json, got {:?}",
+            if content_type.is_empty() {
+                "nothing"
+            } else {
+                &content_type
+            }
+        )));
     }
     let value: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad(format!("body is not valid JSON: {e}")))?;
