@@ -173,6 +173,9 @@ pub async fn delete(
     }
     s.collector.nudge();
     s.tokens.invalidate();
+    // Its stored quota went with it: a namespace made again under the name starts
+    // from the defaults.
+    s.quotas.forget(&ns);
     Ok(StatusCode::NO_CONTENT)
 }
 

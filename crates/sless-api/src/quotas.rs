@@ -96,6 +96,12 @@ impl Quotas {
         Ok(quota)
     }
 
+    /// A deleted namespace's quotas are the defaults again (its stored overrides
+    /// were deleted with it).
+    pub fn forget(&self, ns: &str) {
+        self.executor.quotas().set(ns, self.defaults);
+    }
+
     /// Serialises function creation in `ns` (held across the count and the insert).
     pub async fn creating(&self, ns: &str) -> OwnedMutexGuard<()> {
         let lock = self

@@ -285,6 +285,19 @@ async fn code_storage_counts_against_the_namespace_s_own_quota() {
     let usage = &namespace(&server, "default").await["usage"];
     assert!(usage["storage_mb"].as_u64().unwrap() >= 1, "{usage}");
     assert_eq!(namespace(&server, "small").await["usage"]["storage_mb"], 0);
+
+    // A namespace made again under a deleted one's name has the defaults.
+    let (status, body) = send(
+        &server,
+        reqwest::Method::DELETE,
+        "/v1/namespaces/small?force=true",
+        None,
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    let (status, body) = send(&server, reqwest::Method::PUT, "/v1/namespaces/small", None).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["quota"]["storage_mb"], 2048, "{body}");
 }
 
 #[tokio::test]
