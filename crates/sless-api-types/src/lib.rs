@@ -650,3 +650,27 @@ pub struct AuditEntry {
     /// The HTTP status of the answer.
     pub status: u16,
 }
+
+/// Quotas: `GET /v1/namespaces/{ns}` (and `PUT`) answers with the namespace, the
+/// quotas in force for it and what it uses now.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NamespaceDetail {
+    pub name: String,
+    pub created_at: Option<String>,
+    pub quota: QuotaCounts,
+    pub usage: QuotaCounts,
+}
+
+/// One number per quota: the limits in force, or the current usage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct QuotaCounts {
+    pub functions: u64,
+    pub instances: u64,
+    pub memory_mb: u64,
+    pub invocations_per_sec: u64,
+    pub queued_calls: u64,
+    pub devices: u64,
+    pub storage_mb: u64,
+}

@@ -371,3 +371,27 @@ fn token_and_audit_bodies() {
         }]))
     );
 }
+
+#[test]
+fn namespace_detail_body() {
+    let detail = NamespaceDetail {
+        name: "team-a".into(),
+        created_at: Some(timestamp(at(T0))),
+        quota: QuotaCounts {
+            functions: 100,
+            instances: 50,
+            memory_mb: 8192,
+            invocations_per_sec: 1000,
+            queued_calls: 10000,
+            devices: 1000,
+            storage_mb: 2048,
+        },
+        usage: QuotaCounts {
+            functions: 3,
+            instances: 1,
+            memory_mb: 128,
+            ..QuotaCounts::default()
+        },
+    };
+    insta::assert_json_snapshot!("namespace_detail", body(&detail));
+}

@@ -105,6 +105,11 @@ pub async fn create(
         )));
     }
     s.store.get_namespace(&ns).await?;
+    s.quotas.check_minimum(&ns, &spec).await?;
+    // The count and the insert happen under the namespace's lock, so two creates
+    // at the limit cannot both pass.
+    let _creating = s.quotas.creating(&ns).await;
+    s.quotas.check_functions(s.store.as_ref(), &ns).await?;
     let now = Utc::now();
     let record = FunctionRecord {
         namespace: ns.clone(),
@@ -209,6 +214,7 @@ pub async fn patch(
             )));
         }
     }
+    check_patched_minimum(&s, &ns, &before.spec, &request).await?;
     let record = s
         .store
         .update_function(&ns, &name, expect, FunctionChange::Patch(request))
@@ -221,6 +227,28 @@ pub async fn patch(
         record.generation,
         body(&function_body(&s, &record))?,
     ))
+}
+
+/// `429` when a patch raises `min_instances` or `memory_mb` so that the minimum
+/// alone would not fit the namespace's quotas (invalid values are left to the store's
+/// validation, which names them).
+async fn check_patched_minimum(
+    s: &AppState,
+    ns: &str,
+    before: &FunctionSpec,
+    request: &Value,
+) -> Result<(), ApiError> {
+    let mut spec = before.clone();
+    if let Some(n) = request.get("min_instances").and_then(Value::as_u64) {
+        spec.min_instances = u32::try_from(n).unwrap_or(u32::MAX);
+    }
+    if let Some(n) = request.get("memory_mb").and_then(Value::as_u64) {
+        spec.memory_mb = u32::try_from(n).unwrap_or(u32::MAX);
+    }
+    if spec.min_instances > before.min_instances || spec.memory_mb > before.memory_mb {
+        s.quotas.check_minimum(ns, &spec).await?;
+    }
+    Ok(())
 }
 
 pub async fn delete(
@@ -372,8 +400,9 @@ pub(crate) async fn store_archive(
         other => ApiError::bad(format!("code: {other}")),
     })?;
     let compressed = archive.len() as u64;
+    let quota = s.quotas.storage_bytes(ns).await?;
     s.collector
-        .admit(ns, owner, &sha, compressed, info.unpacked_bytes)
+        .admit_within(ns, owner, &sha, compressed, info.unpacked_bytes, quota)
         .await
         .map_err(|e| match e {
             e @ sless_controller::gc::QuotaError::Exceeded { .. } => {

@@ -11,6 +11,7 @@ mod functions;
 mod invocations;
 mod jobs;
 mod namespaces;
+pub mod quotas;
 mod storage;
 mod tokens;
 mod triggers;
@@ -78,6 +79,8 @@ pub struct AppState {
     pub token_store: Arc<dyn TokenStore>,
     /// Where the audit log is written and read.
     pub audit: Arc<dyn AuditStore>,
+    /// Per-namespace quotas: defaults, overrides, usage.
+    pub quotas: Arc<quotas::Quotas>,
 }
 
 /// A response body: one of `sless_api_types`' shapes, as the JSON document it is sent as.

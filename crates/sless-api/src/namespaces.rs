@@ -45,30 +45,105 @@ pub async fn list(State(s): State<AppState>, caller: Caller) -> Result<Json<Valu
     body(&Items::new(items))
 }
 
+/// The namespace with the quotas in force for it and what it uses now.
+async fn namespace_detail(
+    s: &AppState,
+    ns: &Namespace,
+) -> Result<sless_api_types::NamespaceDetail, ApiError> {
+    let quota = s.quotas.effective(&ns.name).await?;
+    Ok(sless_api_types::NamespaceDetail {
+        name: ns.name.clone(),
+        created_at: Some(timestamp(ns.created_at)),
+        quota: crate::quotas::counts(&quota),
+        usage: s.quotas.usage(s.store.as_ref(), &ns.name).await?,
+    })
+}
+
 pub async fn get(
     State(s): State<AppState>,
     caller: Caller,
     Path(ns): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     caller.check(&ns)?;
-    body(&namespace_body(&s.store.get_namespace(&ns).await?))
+    let record = s.store.get_namespace(&ns).await?;
+    body(&namespace_detail(&s, &record).await?)
 }
 
+/// `PUT /v1/namespaces/{ns}`: creates the namespace if missing; an admin may send
+/// `{"quota": {...}}` to set its quotas (a namespace caller doing so gets `403`).
 pub async fn ensure(
     State(s): State<AppState>,
     caller: Caller,
     Path(ns): Path<String>,
+    request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
     sless_core::validate_name("name", &ns)?;
+    let quota = quota_request(&s, request).await?;
+    if quota.is_some() && !caller.is_admin() {
+        return Err(ApiError::Forbidden(
+            "quota: only an admin may set a namespace's quotas".into(),
+        ));
+    }
+    if let Some(patch) = &quota {
+        // Checked before anything is created.
+        sless_core::QuotaOverrides::default().merge(patch)?;
+    }
     let created = s.store.ensure_namespace(&ns).await?;
-    let answer = body(&namespace_body(&s.store.get_namespace(&ns).await?))?;
+    if let Some(patch) = &quota {
+        s.quotas.set(&ns, patch).await?;
+    }
+    let record = s.store.get_namespace(&ns).await?;
+    let answer = body(&namespace_detail(&s, &record).await?)?;
     let status = if created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
     Ok((status, answer).into_response())
+}
+
+/// The `quota` object of a `PUT`'s body, if it has one: no body (or an empty one)
+/// is none; otherwise a JSON object whose only field is `quota`.
+async fn quota_request(
+    s: &AppState,
+    request: axum::extract::Request,
+) -> Result<Option<Value>, ApiError> {
+    let content_type = request
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default();
+    let bytes = crate::read_limited(request, 64 * 1024, s.body_timeout).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    if content_type != "application/json" {
+        return Err(ApiError::UnsupportedMediaType(format!(
+            "expected Content-Type: application/json, got {:?}",
+            if content_type.is_empty() {
+                "nothing"
+            } else {
+                &content_type
+            }
+        )));
+    }
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad(format!("body is not valid JSON: {e}")))?;
+    let Some(fields) = value.as_object() else {
+        return Err(ApiError::bad("body: must be a JSON object"));
+    };
+    if let Some(unknown) = fields.keys().find(|k| *k != "quota") {
+        return Err(ApiError::bad(format!("{unknown}: unknown field")));
+    }
+    Ok(fields.get("quota").cloned())
 }
 
 #[derive(Deserialize)]
@@ -98,6 +173,9 @@ pub async fn delete(
     }
     s.collector.nudge();
     s.tokens.invalidate();
+    // Its stored quota went with it: a namespace made again under the name starts
+    // from the defaults.
+    s.quotas.forget(&ns);
     Ok(StatusCode::NO_CONTENT)
 }
 

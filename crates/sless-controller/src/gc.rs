@@ -297,6 +297,21 @@ impl Collector {
         unpacked: u64,
     ) -> Result<(), QuotaError> {
         let quota = self.cfg.namespace_quota;
+        self.admit_within(namespace, owner, sha256, compressed, unpacked, quota)
+            .await
+    }
+
+    /// [`Collector::admit`] against `quota` bytes (the namespace's own storage
+    /// quota; `0`: no limit).
+    pub async fn admit_within(
+        &self,
+        namespace: &str,
+        owner: CodeOwner<'_>,
+        sha256: &str,
+        compressed: u64,
+        unpacked: u64,
+        quota: u64,
+    ) -> Result<(), QuotaError> {
         if quota == 0 {
             return Ok(());
         }

@@ -9,6 +9,7 @@ pub mod invocation;
 pub mod job;
 pub mod name;
 pub mod patch;
+pub mod quota;
 pub mod runtime;
 pub mod trigger;
 
@@ -16,6 +17,7 @@ pub use backoff::Backoff;
 pub use function::{FunctionSpec, FunctionStatus, InstanceCounts, NetworkMode, Phase};
 pub use job::{JobPhase, JobSpec, JobStatus};
 pub use name::validate_name;
+pub use quota::{Quota, QuotaExceeded, QuotaKind, QuotaOverrides};
 pub use runtime::{Runtime, RuntimeFamily};
 pub use trigger::{
     MissedRuns, TriggerFields, TriggerKind, TriggerResult, TriggerSpec, TriggerStatus, TriggerType,

@@ -15,6 +15,7 @@ mod launcher;
 mod liveness;
 mod output;
 mod pool;
+pub mod quota;
 mod warm;
 
 #[cfg(test)]
@@ -154,6 +155,10 @@ pub enum InvokeError {
     /// The instance failed without answering (crashed, was killed, broke the protocol).
     #[error("{0}")]
     InstanceFailed(String),
+    /// Over one of the namespace's quotas (`429 quota_exceeded`): the invocation
+    /// rate, or the instances or memory a new instance would need.
+    #[error("{}", .0.exceeded)]
+    QuotaExceeded(quota::Refusal),
 }
 
 /// All pools.
@@ -165,6 +170,8 @@ pub struct Executor {
     pools: RwLock<HashMap<String, HashMap<String, Arc<SandboxPool>>>>,
     next_instance: Arc<AtomicU64>,
     warm: Option<Arc<WarmPool<SandboxLauncher>>>,
+    /// Per-namespace quotas: instances, memory, invocation rate.
+    quotas: Arc<quota::Quotas>,
 }
 
 impl Executor {
@@ -198,6 +205,7 @@ impl Executor {
             pools: RwLock::new(HashMap::new()),
             next_instance,
             warm,
+            quotas: Arc::new(quota::Quotas::default()),
         });
         // The reaper holds only a weak reference, so dropping the executor ends it.
         let weak = Arc::downgrade(&executor);
@@ -251,11 +259,18 @@ impl Executor {
                         self.next_instance.clone(),
                         self.warm.clone(),
                         deployment.clone(),
+                        self.quotas.account(&deployment.namespace),
                     )
                 })
                 .clone()
         };
         pool.deploy(deployment).await
+    }
+
+    /// The per-namespace quotas the invoke path enforces; the control plane sets
+    /// their limits, and features counting usage elsewhere call [`quota::Quotas::check`].
+    pub fn quotas(&self) -> &Arc<quota::Quotas> {
+        &self.quotas
     }
 
     /// Whether a function is deployed here.
@@ -310,6 +325,9 @@ impl Executor {
         request: InvokeRequest,
     ) -> Result<InvokeResponse, InvokeError> {
         let pool = self.pool(namespace, name).ok_or(InvokeError::NotFound)?;
+        pool.account()
+            .admit_call()
+            .map_err(InvokeError::QuotaExceeded)?;
         pool.invoke(request).await
     }
 

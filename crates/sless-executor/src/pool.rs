@@ -19,6 +19,7 @@ use crate::instance::{CallError, SpecialiseError, StartError};
 use crate::launcher::{DRAINING, Instance, Launcher, READY, STOPPING};
 use crate::liveness::{self, LIVENESS_FAILURES, Outcome};
 use crate::output::Outputs;
+use crate::quota::{Account, Refusal, Reservation};
 use crate::warm::WarmPool;
 use crate::{DeployError, Deployment, ExecutorConfig, InvokeError, InvokeRequest, InvokeResponse};
 
@@ -43,6 +44,8 @@ pub(crate) struct Pool<L: Launcher> {
     notify: Notify,
     /// The output pipes of its instances, while their pumps read them.
     outputs: Outputs,
+    /// The namespace's quotas: every instance holds a [`Reservation`] until it exits.
+    account: Arc<Account>,
     me: Weak<Pool<L>>,
 }
 
@@ -73,6 +76,7 @@ impl<L: Launcher> Pool<L> {
         counter: Arc<AtomicU64>,
         warm: Option<Arc<WarmPool<L>>>,
         deployment: Deployment,
+        account: Arc<Account>,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Pool {
             cfg,
@@ -94,6 +98,7 @@ impl<L: Launcher> Pool<L> {
             }),
             notify: Notify::new(),
             outputs: Outputs::default(),
+            account,
             me: me.clone(),
         })
     }
@@ -120,6 +125,11 @@ impl<L: Launcher> Pool<L> {
 
     pub fn is_private(&self) -> bool {
         self.lock().deployment.private
+    }
+
+    /// The namespace's quotas.
+    pub fn account(&self) -> &Arc<Account> {
+        &self.account
     }
 
     pub fn last_error(&self) -> Option<String> {
@@ -159,7 +169,10 @@ impl<L: Launcher> Pool<L> {
     pub fn prewarm(&self) {
         let mut st = self.lock();
         if !st.closed && !st.deployment.paused && st.instances.is_empty() && st.starting == 0 {
-            self.start_one(&mut st);
+            // Ahead of traffic only within the quotas.
+            if let Ok(reservation) = self.account.reserve(u64::from(st.deployment.memory_mb)) {
+                self.start_one(&mut st, reservation);
+            }
         }
     }
 
@@ -218,7 +231,9 @@ impl<L: Launcher> Pool<L> {
             return Err(DeployError::Cancelled);
         }
         for instance in &fresh {
-            self.watch(instance);
+            // A rollout replaces what was admitted: counted, never refused.
+            let reservation = self.account.force(u64::from(d.memory_mb));
+            self.watch(instance, reservation);
         }
         self.switch(&mut st, d, fresh);
         Ok(())
@@ -309,12 +324,15 @@ impl<L: Launcher> Pool<L> {
             return;
         }
         while (st.instances.len() as u32 + st.starting) < st.deployment.min_instances {
-            self.start_one(st);
+            // The minimum was checked against the quotas when it was set.
+            let reservation = self.account.force(u64::from(st.deployment.memory_mb));
+            self.start_one(st, reservation);
         }
     }
 
-    /// Starts one instance of the current revision in the background.
-    fn start_one(&self, st: &mut State<L::Instance>) {
+    /// Starts one instance of the current revision in the background; it holds
+    /// `reservation` until it exits (a failed start returns it at once).
+    fn start_one(&self, st: &mut State<L::Instance>, reservation: Reservation) {
         st.starting += 1;
         let d = st.deployment.clone();
         let delay = RESTART_BACKOFF.delay(st.failures);
@@ -331,7 +349,7 @@ impl<L: Launcher> Pool<L> {
             st.starting -= 1;
             match result {
                 Ok(instance) => {
-                    pool.watch(&instance);
+                    pool.watch(&instance, reservation);
                     let current = st.deployment.revision == d.revision
                         && st.deployment.code_dir == d.code_dir;
                     if st.closed || !current || st.deployment.paused {
@@ -358,7 +376,7 @@ impl<L: Launcher> Pool<L> {
     /// Follows an instance until it exits, then forgets it and, if it was not
     /// stopped on purpose, reports the crash and replaces it as needed. Meanwhile
     /// checks that its serving loop still answers while it is busy.
-    fn watch(&self, instance: &Arc<L::Instance>) {
+    fn watch(&self, instance: &Arc<L::Instance>, reservation: Reservation) {
         self.outputs.add(instance.output());
         let Some(pool) = self.me.upgrade() else {
             return;
@@ -390,6 +408,7 @@ impl<L: Launcher> Pool<L> {
                 Err(_) => None,
             };
             instance.cleanup();
+            drop(reservation);
             let on_purpose = instance.life().state() == STOPPING;
             let mut st = pool.lock();
             st.instances.retain(|i| !Arc::ptr_eq(i, &instance));
@@ -479,7 +498,19 @@ impl<L: Launcher> Pool<L> {
                 let room_coming = st.starting as usize * d.concurrency as usize;
                 let total = st.instances.len() as u32 + st.starting;
                 if room_coming <= st.waiters && total < d.max_instances {
-                    self.start_one(&mut st);
+                    match self.account.reserve(u64::from(d.memory_mb)) {
+                        Ok(reservation) => self.start_one(&mut st, reservation),
+                        // Over the namespace's quotas: a request that an instance of
+                        // this function may yet serve waits for it; one that nothing
+                        // could serve is refused.
+                        Err(exceeded) if st.instances.is_empty() && st.starting == 0 => {
+                            return Err(InvokeError::QuotaExceeded(Refusal {
+                                exceeded,
+                                retry_after: None,
+                            }));
+                        }
+                        Err(_) => {}
+                    }
                 }
                 cold_start = true;
                 seen_failures = st.failed_starts;

@@ -34,7 +34,19 @@ pub fn error_body(code: &str, message: &str) -> Vec<u8> {
 /// [`public_invoke_error_response`].
 pub fn invoke_error_response(e: &InvokeError) -> Response {
     let (status, code) = status_and_code(e);
-    error_response(status, code, &e.to_string())
+    with_retry_after(e, error_response(status, code, &e.to_string()))
+}
+
+/// Adds `Retry-After` to the answer of a refusal that waiting resolves (a rate limit).
+fn with_retry_after(e: &InvokeError, mut response: Response) -> Response {
+    if let InvokeError::QuotaExceeded(refusal) = e
+        && let Some(seconds) = refusal.retry_after
+    {
+        response
+            .headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, seconds.into());
+    }
+    response
 }
 
 /// The pipeline's status and code of `e` (`sless_invoke::status_of`, the one table).
@@ -60,7 +72,7 @@ pub fn public_invoke_error_response(e: &InvokeError, ns: &str, name: &str) -> Re
         first_line(&text)
     };
     let (status, code) = status_and_code(e);
-    error_response(status, code, &message)
+    with_retry_after(e, error_response(status, code, &message))
 }
 
 /// Longest public summary of a failure, in characters.

@@ -41,6 +41,7 @@ pub fn status_of(e: &InvokeError) -> (u16, &'static str) {
         InvokeError::Unavailable(_) => (503, "unavailable"),
         InvokeError::Timeout { .. } => (504, "timeout"),
         InvokeError::InstanceFailed(_) => (502, "instance_failed"),
+        InvokeError::QuotaExceeded(_) => (429, "quota_exceeded"),
     }
 }
 

@@ -84,6 +84,18 @@ fn answer(ok: bool, body: &'static str) -> Result<InvokeResponse, InvokeError> {
 async fn every_platform_failure_has_one_status_and_code() {
     let table = [
         (InvokeError::NotFound, 404, "not_found"),
+        (
+            InvokeError::QuotaExceeded(sless_executor::quota::Refusal {
+                exceeded: sless_core::QuotaExceeded {
+                    kind: sless_core::QuotaKind::InvocationsPerSec,
+                    limit: 1,
+                    used: 1,
+                },
+                retry_after: Some(1),
+            }),
+            429,
+            "quota_exceeded",
+        ),
         (InvokeError::Paused("f".into()), 503, "paused"),
         (InvokeError::Unavailable("full".into()), 503, "unavailable"),
         (

@@ -12,6 +12,7 @@ mod audit;
 mod cas;
 mod invocations;
 mod jobs;
+mod quotas;
 mod sqlite;
 mod storage;
 mod tokens;
@@ -25,6 +26,7 @@ pub use invocations::{
     DEFAULT_INVOCATION_LIMIT, InvocationFilter, InvocationStore, MAX_INVOCATION_LIMIT,
 };
 pub use jobs::{JobRecord, JobStore};
+pub use quotas::QuotaStore;
 /// The record types, where the listing's callers expect them.
 pub use sless_core::invocation::{InvocationRecord, InvocationSource};
 pub use sqlite::SqliteStore;

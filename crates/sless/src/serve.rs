@@ -23,6 +23,7 @@ use sless_controller::Controller;
 use sless_controller::gc::{Collector, StorageConfig};
 use sless_controller::jobs::Jobs;
 use sless_controller::triggers::Triggers;
+use sless_core::Quota;
 use sless_executor::{Executor, ExecutorConfig};
 use sless_invoke::{HttpRoutes, Invoker};
 use sless_logs::LogStore;
@@ -199,9 +200,42 @@ pub struct ServeArgs {
     /// The PEM private key (PKCS#8, RSA or EC) of --tls-cert's certificate.
     #[arg(long, env = "SLESS_TLS_KEY", value_name = "PATH")]
     pub tls_key: Option<PathBuf>,
+    // Quotas: the server-wide defaults of every namespace without its own
+    // (`--namespace-storage-mb` above is the default storage quota).
+    /// Default quota: functions per namespace.
+    #[arg(long, env = "SLESS_QUOTA_FUNCTIONS", default_value_t = Quota::default().functions)]
+    pub quota_functions: u64,
+    /// Default quota: instances running at once per namespace (all its functions).
+    #[arg(long, env = "SLESS_QUOTA_INSTANCES", default_value_t = Quota::default().instances)]
+    pub quota_instances: u64,
+    /// Default quota: MiB of instance memory (each instance's `memory_mb`) per namespace.
+    #[arg(long, env = "SLESS_QUOTA_MEMORY_MB", default_value_t = Quota::default().memory_mb)]
+    pub quota_memory_mb: u64,
+    /// Default quota: invocations per second per namespace (bursts of one second's worth).
+    #[arg(long, env = "SLESS_QUOTA_INVOCATIONS_PER_SEC", default_value_t = Quota::default().invocations_per_sec)]
+    pub quota_invocations_per_sec: u64,
+    /// Default quota: calls queued per namespace.
+    #[arg(long, env = "SLESS_QUOTA_QUEUED_CALLS", default_value_t = Quota::default().queued_calls)]
+    pub quota_queued_calls: u64,
+    /// Default quota: devices per namespace.
+    #[arg(long, env = "SLESS_QUOTA_DEVICES", default_value_t = Quota::default().devices)]
+    pub quota_devices: u64,
 }
 
 impl ServeArgs {
+    /// The server-wide default quotas these flags give.
+    pub fn default_quota(&self) -> Quota {
+        Quota {
+            functions: self.quota_functions,
+            instances: self.quota_instances,
+            memory_mb: self.quota_memory_mb,
+            invocations_per_sec: self.quota_invocations_per_sec,
+            queued_calls: self.quota_queued_calls,
+            devices: self.quota_devices,
+            storage_mb: self.namespace_storage_mb,
+        }
+    }
+
     /// The configuration `sless serve` would run with given these flags (and the
     /// `SLESS_*` environment), for starting a server in-process.
     pub fn from_flags<I, T>(flags: I) -> Result<ServeArgs, clap::Error>
@@ -416,6 +450,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
     let storage_store: Arc<dyn sless_store::StorageStore> = sqlite.clone();
     let token_store: Arc<dyn sless_store::TokenStore> = sqlite.clone();
     let audit_store: Arc<dyn sless_store::AuditStore> = sqlite.clone();
+    let quota_store: Arc<dyn sless_store::QuotaStore> = sqlite.clone();
     let store: Arc<dyn Store> = sqlite;
     store.ensure_namespace("default").await?;
     let blobs: Arc<dyn BlobStore> = Arc::new(
@@ -568,7 +603,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
             namespace_quota: args.namespace_storage_mb.saturating_mul(MIB),
         },
         store.clone(),
-        storage_store,
+        storage_store.clone(),
         job_store.clone(),
         blobs.clone(),
         builder.clone(),
@@ -584,6 +619,14 @@ async fn build(args: ServeArgs) -> Result<Server> {
         invoker.clone(),
     );
 
+    let quotas = sless_api::quotas::Quotas::load(
+        args.default_quota(),
+        quota_store,
+        storage_store.clone(),
+        executor.clone(),
+    )
+    .await
+    .context("cannot read the namespaces' quotas")?;
     let api = sless_api::router(AppState {
         store: store.clone(),
         blobs,
@@ -610,6 +653,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
         allow_host_network: args.allow_host_network,
         token_store,
         audit: audit_store,
+        quotas,
     });
     let gateway = sless_gateway::Gateway {
         invoker,

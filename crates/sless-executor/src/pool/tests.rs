@@ -83,6 +83,16 @@ impl Harness {
         launcher: Arc<FakeLauncher>,
         warm: Option<Arc<WarmPool<FakeLauncher>>>,
     ) -> Self {
+        Self::with_account(cfg, d, launcher, warm, crate::quota::Account::unlimited())
+    }
+
+    fn with_account(
+        cfg: ExecutorConfig,
+        d: &Deployment,
+        launcher: Arc<FakeLauncher>,
+        warm: Option<Arc<WarmPool<FakeLauncher>>>,
+        account: Arc<crate::quota::Account>,
+    ) -> Self {
         let logs = tempfile::tempdir().expect("tempdir");
         let store = sless_logs::LogStore::new(logs.path().to_path_buf(), 1 << 20).expect("logs");
         let pool = Pool::new(
@@ -92,6 +102,7 @@ impl Harness {
             Arc::new(AtomicU64::new(1)),
             warm,
             d.clone(),
+            account,
         );
         Self {
             pool,
@@ -653,4 +664,53 @@ async fn output_that_never_settles_times_out_and_an_exit_ends_the_wait() {
     let t0 = Instant::now();
     assert!(waiting.await.expect("join"));
     assert_eq!(t0.elapsed(), Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn over_the_instance_quota_a_request_waits_for_an_instance_or_is_refused_without_one() {
+    let quotas = crate::quota::Quotas::new(sless_core::Quota {
+        instances: 1,
+        ..sless_core::Quota::default()
+    });
+    let account = quotas.account("ns");
+    let d = deployment(1);
+    let h = Harness::with_account(
+        config(10),
+        &d,
+        FakeLauncher::new(START),
+        None,
+        account.clone(),
+    );
+    h.pool.deploy(d.clone()).await.expect("deploy");
+    assert_eq!(account.usage().instances, 1);
+    // At the quota, a request beyond the instance's concurrency waits for it.
+    let calls: Vec<_> = (0..2).map(|_| h.invoke("ms:1000")).collect();
+    for call in calls {
+        call.await.expect("join").expect("answer");
+    }
+    assert_eq!(
+        h.launcher.starts().len(),
+        1,
+        "no second instance was started"
+    );
+
+    // Scaled to zero, its reservation is returned.
+    pass(Duration::from_secs(61)).await;
+    h.pool.reap_idle();
+    until(|| account.usage().instances == 0).await;
+    // Another function of the namespace holds the only instance: nothing could serve.
+    let other = account.force(128);
+    match h.pool.invoke(request("x")).await {
+        Err(InvokeError::QuotaExceeded(r)) => {
+            assert_eq!(r.exceeded.kind, sless_core::QuotaKind::Instances);
+            assert_eq!(
+                r.exceeded.to_string(),
+                "quota exceeded: instances 1 of 1 in use"
+            );
+        }
+        other => panic!("expected QuotaExceeded, got {other:?}"),
+    }
+    drop(other);
+    let r = h.pool.invoke(request("x")).await.expect("answer");
+    assert!(r.cold_start);
 }

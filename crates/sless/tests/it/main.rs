@@ -24,6 +24,7 @@ mod invoke;
 mod jobs;
 mod jwt;
 mod lifecycle;
+mod quotas;
 mod records;
 mod sandbox;
 mod scaling;
