@@ -17,6 +17,10 @@ pub fn from_json(schema: Value) -> RefOr<Schema> {
 /// A DNS label, as `sless_core::validate_name` accepts it.
 pub const NAME_PATTERN: &str = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$";
 
+/// A runtime name, as `sless_core::Runtime::parse` accepts it: a family and an
+/// optional version of digits and dots.
+pub const RUNTIME_PATTERN: &str = r"^(python3\.?(\.?[0-9]+)*|python\.?(\.[0-9]+|[013-9][0-9]*)(\.?[0-9]+)*|(nodejs|node|go)\.?(\.?[0-9]+)*|custom\.?)$";
+
 macro_rules! json_schema {
     ($(#[$doc:meta])* $name:ident, $schema:expr) => {
         $(#[$doc])*
@@ -34,16 +38,16 @@ macro_rules! json_schema {
 
 fn function_spec_properties() -> Value {
     json!({
-        "runtime": {"type": "string", "description": "python3, python3.12, nodejs, go, custom, ..."},
-        "entrypoint": {"type": "string"},
+        "runtime": {"type": "string", "pattern": RUNTIME_PATTERN, "description": "python3, nodejs, go or custom; a version alias such as python3.11 or nodejs20 is accepted"},
+        "entrypoint": {"type": "string", "description": "python3/nodejs: module.function; go: an identifier; custom: empty"},
         "env": {"type": "object", "additionalProperties": {"type": "string"}},
-        "memory_mb": {"type": "integer", "minimum": 0},
-        "cpu": {"type": "integer", "minimum": 0, "description": "millicores"},
-        "timeout_sec": {"type": "integer", "minimum": 0},
-        "min_instances": {"type": "integer", "minimum": 0},
-        "max_instances": {"type": "integer", "minimum": 0},
-        "concurrency": {"type": "integer", "minimum": 0},
-        "idle_timeout_sec": {"type": "integer", "minimum": 0},
+        "memory_mb": {"type": "integer", "minimum": 32, "maximum": 4096},
+        "cpu": {"type": "integer", "minimum": 50, "maximum": 8000, "description": "millicores"},
+        "timeout_sec": {"type": "integer", "minimum": 0, "maximum": 900},
+        "min_instances": {"type": "integer", "minimum": 0, "maximum": 1000},
+        "max_instances": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "at least max(1, min_instances)"},
+        "concurrency": {"type": "integer", "minimum": 1, "maximum": 10000},
+        "idle_timeout_sec": {"type": "integer", "minimum": 1, "maximum": 86400},
         "paused": {"type": "boolean"},
         "private": {"type": "boolean"},
         "network": {"type": "string", "enum": ["outbound", "none", "host"]}
@@ -52,8 +56,8 @@ fn function_spec_properties() -> Value {
 
 fn job_spec_properties() -> Value {
     json!({
-        "function": {"type": "string", "description": "the function the job runs; absent for a self-contained job"},
-        "runtime": {"type": "string", "description": "self-contained jobs: the runtime of the uploaded code"},
+        "function": {"type": "string", "pattern": NAME_PATTERN, "description": "the function the job runs (it must exist); absent for a self-contained job"},
+        "runtime": {"type": "string", "pattern": RUNTIME_PATTERN, "description": "self-contained jobs: the runtime of the uploaded code"},
         "entrypoint": {"type": "string"},
         "env": {"type": "object", "additionalProperties": {"type": "string"}},
         "memory_mb": {"type": "integer", "minimum": 0},
@@ -66,7 +70,7 @@ fn job_spec_properties() -> Value {
 
 fn trigger_spec_properties() -> Value {
     json!({
-        "function": {"type": "string"},
+        "function": {"type": "string", "pattern": NAME_PATTERN, "description": "the function it calls (it must exist)"},
         "type": {"type": "string", "enum": ["http", "cron", "queue"]},
         "enabled": {"type": "boolean"},
         "path": {"type": "string", "description": "http: the route below /t/{ns}"},

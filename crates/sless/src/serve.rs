@@ -159,6 +159,12 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub allow_host_network: bool,
+
+    /// Failed authentications (unknown tokens) one client address may make in a
+    /// minute before the API answers it `429` until the minute is over.
+    #[arg(long, env = "SLESS_AUTH_FAILURES_PER_MINUTE", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub auth_failures_per_minute: u32,
 }
 
 impl ServeArgs {
@@ -445,7 +451,15 @@ async fn build(args: ServeArgs) -> Result<Server> {
         logs.clone(),
         public_url.clone(),
     );
-    let tokens = Arc::new(Tokens::new(&admin_token, store.clone()));
+    let tokens = Arc::new(Tokens::with_limiter(
+        &admin_token,
+        store.clone(),
+        sless_api::AuthLimiter::new(
+            args.auth_failures_per_minute,
+            std::time::Duration::from_secs(60),
+            10_000,
+        ),
+    ));
     let recorder = (!args.no_invocation_records)
         .then(|| Recorder::start(record_sink.clone(), RecorderConfig::default()));
     // Retention runs even with recording off, so earlier records still age out.
