@@ -219,7 +219,7 @@ errors! {
 #[allow(dead_code)]
 pub struct NsPath {
     /// The namespace.
-    #[param(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+    #[param(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", example = "default")]
     ns: String,
 }
 
@@ -229,10 +229,10 @@ pub struct NsPath {
 #[allow(dead_code)]
 pub struct NsNamePath {
     /// The namespace.
-    #[param(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+    #[param(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", example = "default")]
     ns: String,
     /// The object's name.
-    #[param(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+    #[param(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", example = "hello")]
     name: String,
 }
 
@@ -243,7 +243,10 @@ pub struct NsNamePath {
 pub struct IfMatchHeader {
     /// Apply only to this version: an ETag from a read (`"3"`), or `*` (RFC 9110
     /// `"*" / #entity-tag`; a weak tag never matches).
-    #[param(rename = "If-Match", pattern = r#"^[ \t,]*(\*([ \t]*,[ \t,]*\*)*|(W/)?"[\x21\x23-\x7e]*"([ \t]*,[ \t,]*(W/)?"[\x21\x23-\x7e]*")*)[ \t,]*$"#)]
+    #[param(
+        rename = "If-Match",
+        pattern = r#"^[ \t,]*(\*([ \t]*,[ \t,]*\*)*|(W/)?"[\x21\x23-\x7e]*"([ \t]*,[ \t,]*(W/)?"[\x21\x23-\x7e]*")*)[ \t,]*$"#
+    )]
     if_match: Option<String>,
 }
 
@@ -293,7 +296,9 @@ pub struct InvocationParams {
     #[param(inline, value_type = Option<String>, pattern = "^(|http|invoke|cron|queue|job)$")]
     source: Option<String>,
     /// Only those started at or after this time (RFC 3339, such as `2025-01-31T12:00:00Z`).
-    #[param(pattern = r"^(|[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))$")]
+    #[param(
+        pattern = r"^(|[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))$"
+    )]
     since: Option<String>,
     /// At most this many, newest first.
     #[param(minimum = 1, maximum = 1000)]
