@@ -194,14 +194,14 @@ json_schema!(
         if let Some(p) = p.as_object_mut() {
             p.insert("name".into(), json!({"type": "string", "pattern": NAME_PATTERN}));
         }
-        json!({"type": "object", "required": ["name", "runtime"], "properties": p})
+        json!({"type": "object", "required": ["name", "runtime"], "additionalProperties": false, "properties": p})
     }
 );
 
 json_schema!(
     /// `PATCH .../functions/{name}`: a JSON merge patch of the spec.
     FunctionPatch,
-    json!({"type": "object", "properties": function_spec_properties()})
+    json!({"type": "object", "additionalProperties": false, "properties": function_spec_properties()})
 );
 
 json_schema!(
@@ -212,14 +212,14 @@ json_schema!(
         if let Some(p) = p.as_object_mut() {
             p.insert("name".into(), json!({"type": "string", "pattern": NAME_PATTERN}));
         }
-        json!({"type": "object", "required": ["name", "function", "type"], "properties": p})
+        json!({"type": "object", "required": ["name", "function", "type"], "additionalProperties": false, "properties": p})
     }
 );
 
 json_schema!(
     /// `PATCH .../triggers/{name}`: a JSON merge patch of the spec.
     TriggerPatch,
-    json!({"type": "object", "properties": trigger_spec_properties()})
+    json!({"type": "object", "additionalProperties": false, "properties": trigger_spec_properties()})
 );
 
 json_schema!(
@@ -230,14 +230,14 @@ json_schema!(
         if let Some(p) = p.as_object_mut() {
             p.insert("name".into(), json!({"type": "string", "pattern": NAME_PATTERN}));
         }
-        json!({"type": "object", "required": ["name"], "properties": p})
+        json!({"type": "object", "required": ["name"], "additionalProperties": false, "properties": p})
     }
 );
 
 json_schema!(
     /// `PATCH .../jobs/{name}`: a JSON merge patch of the spec.
     JobPatch,
-    json!({"type": "object", "properties": job_spec_properties()})
+    json!({"type": "object", "additionalProperties": false, "properties": job_spec_properties()})
 );
 
 json_schema!(

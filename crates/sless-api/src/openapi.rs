@@ -289,9 +289,9 @@ pub struct InvocationParams {
     /// Only this function's.
     #[param(pattern = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$")]
     function: Option<String>,
-    /// Only those answered with this HTTP status.
-    #[param(minimum = 100, maximum = 599)]
-    status: Option<u16>,
+    /// Only those answered with this HTTP status (100 to 599).
+    #[param(pattern = "^(|[1-5][0-9][0-9])$")]
+    status: Option<String>,
     /// Only those started by this source.
     #[param(inline, value_type = Option<String>, pattern = "^(|http|invoke|cron|queue|job)$")]
     source: Option<String>,
@@ -300,9 +300,9 @@ pub struct InvocationParams {
         pattern = r"^(|[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))$"
     )]
     since: Option<String>,
-    /// At most this many, newest first.
-    #[param(minimum = 1, maximum = 1000)]
-    limit: Option<u32>,
+    /// At most this many, newest first (1 to 1000).
+    #[param(pattern = "^(|[1-9][0-9]{0,2}|1000)$")]
+    limit: Option<String>,
 }
 
 #[cfg(test)]
