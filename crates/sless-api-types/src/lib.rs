@@ -10,7 +10,11 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::ToSchema;
 
+pub mod schema;
+
+pub use schema::{FunctionSpecSchema, JobSpecSchema};
 pub use sless_core::invocation::InvocationSource;
 pub use sless_core::{TriggerKind, TriggerResult, TriggerSpec, TriggerType};
 
@@ -85,6 +89,18 @@ macro_rules! phase_enum {
             }
         }
 
+        /// In the OpenAPI document: one of the names this build knows.
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::String)
+                    .enum_values(Some([$(stringify!($variant)),+]))
+                    .into()
+            }
+        }
+
+        impl utoipa::ToSchema for $name {}
+
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 Ok($name::parse(&String::deserialize(d)?))
@@ -145,7 +161,7 @@ impl JobPhase {
 }
 
 /// The `{"items": [...]}` wrapper every list endpoint answers with.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Items<T> {
     #[serde(default = "Vec::new")]
     pub items: Vec<T>,
@@ -158,13 +174,13 @@ impl<T> Items<T> {
 }
 
 /// The platform's own error: `{"error": {"code", "message"}}`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
 /// The inside of an [`ErrorBody`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct ErrorDetail {
     /// Machine-readable, e.g. `not_found`.
@@ -186,7 +202,7 @@ impl ErrorBody {
 
 /// `GET /healthz` and `GET /readyz`: `{"status": "ok" | "ready" | "unavailable"}`, plus
 /// what is wrong when unavailable.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct Health {
     pub status: String,
@@ -195,7 +211,7 @@ pub struct Health {
 }
 
 /// `GET /v1/whoami`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct Whoami {
     pub admin: bool,
@@ -203,7 +219,7 @@ pub struct Whoami {
 }
 
 /// `POST /v1/tokens`: the token, shown this once.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct TokenCreated {
     pub token: String,
@@ -211,7 +227,7 @@ pub struct TokenCreated {
 }
 
 /// A namespace. Decodes from an object or, as older servers listed them, a bare name.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, ToSchema)]
 pub struct Namespace {
     pub name: String,
     /// When it was created (RFC 3339); always sent by this server.
@@ -264,7 +280,7 @@ impl Function {
 }
 
 /// What the platform reports about a function's latest revision.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct FunctionStatus {
     pub phase: FunctionPhase,
@@ -289,7 +305,7 @@ impl FunctionStatus {
 }
 
 /// Instances of a function by readiness.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct InstanceCounts {
     pub ready: u32,
@@ -306,7 +322,7 @@ impl From<sless_core::InstanceCounts> for InstanceCounts {
 }
 
 /// `PUT .../functions/{name}/code` → `202`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct CodeUploaded {
     /// The revision that carries this code.
@@ -316,7 +332,7 @@ pub struct CodeUploaded {
 }
 
 /// One file of `GET .../functions/{name}/source`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct SourceFile {
     /// The path inside the archive (`a/b.py`).
@@ -410,7 +426,7 @@ impl Trigger {
 }
 
 /// What the platform reports about a trigger's firing.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct TriggerStatus {
     /// When it last fired (RFC 3339).
@@ -418,6 +434,7 @@ pub struct TriggerStatus {
     /// When it fires next (RFC 3339); `None` for http triggers and disabled ones.
     pub next_fire_at: Option<String>,
     /// How the last firing went (its text: `ok: status 200`, `running`, ...).
+    #[schema(value_type = Option<String>)]
     pub last_result: Option<TriggerResult>,
 }
 
@@ -475,7 +492,7 @@ impl Job {
 }
 
 /// What the platform reports about a job's current run.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct JobStatus {
     pub phase: JobPhase,
@@ -513,7 +530,7 @@ impl From<sless_core::JobStatus> for JobStatus {
 }
 
 /// `PUT .../jobs/{name}/code` → `202`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct JobCodeUploaded {
     pub code_sha256: String,
@@ -522,7 +539,7 @@ pub struct JobCodeUploaded {
 }
 
 /// One recorded invocation of a function.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct Invocation {
     pub id: String,
@@ -530,6 +547,7 @@ pub struct Invocation {
     /// The revision that answered; 0 when no instance did.
     pub revision: u64,
     /// `http`, `invoke`, `cron`, `queue` or `job`.
+    #[schema(value_type = String)]
     pub source: Source,
     pub request_id: String,
     /// RFC 3339.

@@ -61,6 +61,13 @@ fn function_body(s: &AppState, r: &FunctionRecord) -> Function<FunctionSpec> {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{ns}/functions",
+    tag = "functions",
+    params(crate::openapi::NsPath),
+    responses((status = 200, description = "The namespace's functions", body = sless_api_types::Items<sless_api_types::Function>), crate::openapi::ReadErrors)
+)]
 pub async fn list(
     State(s): State<AppState>,
     caller: Caller,
@@ -78,6 +85,14 @@ pub async fn list(
     body(&Items::new(items))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/namespaces/{ns}/functions",
+    tag = "functions",
+    params(crate::openapi::NsPath),
+    request_body(content = sless_api_types::schema::FunctionCreate, content_type = "application/json"),
+    responses((status = 201, description = "Created (ETag: its version)", body = sless_api_types::Function), (status = 403, description = "Only the admin may give functions host networking", body = sless_api_types::ErrorBody), crate::openapi::WriteErrors)
+)]
 pub async fn create(
     State(s): State<AppState>,
     caller: Caller,
@@ -172,6 +187,13 @@ pub(crate) fn spec_error(e: serde_path_to_error::Error<serde_json::Error>) -> St
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{ns}/functions/{name}",
+    tag = "functions",
+    params(crate::openapi::NsNamePath),
+    responses((status = 200, description = "The function (ETag: its version)", body = sless_api_types::Function), crate::openapi::ReadErrors)
+)]
 pub async fn get(
     State(s): State<AppState>,
     caller: Caller,
@@ -188,6 +210,14 @@ pub async fn get(
 
 /// A merge patch, applied by the store to the spec as it stands when it writes;
 /// with `If-Match`, only to the version it names.
+#[utoipa::path(
+    patch,
+    path = "/v1/namespaces/{ns}/functions/{name}",
+    tag = "functions",
+    params(crate::openapi::NsNamePath, crate::openapi::IfMatchHeader),
+    request_body(content = sless_api_types::schema::FunctionPatch, content_type = "application/merge-patch+json"),
+    responses((status = 200, description = "Patched (ETag: its version)", body = sless_api_types::Function), (status = 403, description = "Only the admin may give functions host networking", body = sless_api_types::ErrorBody), crate::openapi::MatchedWriteErrors)
+)]
 pub async fn patch(
     State(s): State<AppState>,
     caller: Caller,
@@ -251,6 +281,13 @@ async fn check_patched_minimum(
     Ok(())
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/namespaces/{ns}/functions/{name}",
+    tag = "functions",
+    params(crate::openapi::NsNamePath),
+    responses((status = 204, description = "Deleted"), crate::openapi::DeleteErrors)
+)]
 pub async fn delete(
     State(s): State<AppState>,
     caller: Caller,
@@ -268,6 +305,14 @@ pub async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/namespaces/{ns}/functions/{name}/code",
+    tag = "functions",
+    params(crate::openapi::NsNamePath, crate::openapi::IfMatchHeader),
+    request_body(content((sless_api_types::schema::CodeUpload = "multipart/form-data"), (sless_api_types::schema::ZipArchive = "application/zip"))),
+    responses((status = 202, description = "Stored; a new revision builds", body = sless_api_types::CodeUploaded), crate::openapi::MatchedWriteErrors)
+)]
 pub async fn upload_code(
     State(s): State<AppState>,
     caller: Caller,
@@ -417,6 +462,13 @@ pub(crate) async fn store_archive(
     Ok(stored)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{ns}/functions/{name}/source",
+    tag = "functions",
+    params(crate::openapi::NsNamePath),
+    responses((status = 200, description = "The files of the latest uploaded archive", body = sless_api_types::Items<sless_api_types::SourceFile>), (status = 409, description = "No code uploaded, or the stored archive is unreadable", body = sless_api_types::ErrorBody), crate::openapi::ReadErrors)
+)]
 pub async fn source(
     State(s): State<AppState>,
     caller: Caller,
@@ -465,6 +517,13 @@ pub struct LogsQuery {
     follow: bool,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{ns}/functions/{name}/logs",
+    tag = "functions",
+    params(crate::openapi::NsNamePath, crate::openapi::LogsParams),
+    responses((status = 200, description = "The last lines of the function's output; with follow, then new lines as they come", body = String, content_type = "text/plain"), crate::openapi::ReadErrors)
+)]
 pub async fn logs(
     State(s): State<AppState>,
     caller: Caller,
@@ -514,6 +573,14 @@ pub async fn logs(
         .into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/namespaces/{ns}/functions/{name}/invoke",
+    tag = "functions",
+    params(crate::openapi::NsNamePath),
+    request_body(content = serde_json::Value, description = "The event (JSON; empty is null)", content_type = "application/json"),
+    responses((status = 200, description = "The handler's return value", body = serde_json::Value, content_type = "application/json"), (status = 500, description = "The handler raised: its error", body = serde_json::Value, content_type = "application/json"), (status = 502, description = "The instance failed", body = sless_api_types::ErrorBody), (status = 503, description = "The function cannot serve (not built, paused, no capacity)", body = sless_api_types::ErrorBody), (status = 504, description = "The handler timed out", body = sless_api_types::ErrorBody), crate::openapi::WriteErrors)
+)]
 pub async fn invoke(
     State(s): State<AppState>,
     caller: Caller,

@@ -11,6 +11,13 @@ use sless_store::{InvocationFilter, InvocationRecord, InvocationSource, MAX_INVO
 
 use crate::{ApiError, AppState, Caller, body};
 
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{ns}/invocations",
+    tag = "invocations",
+    params(crate::openapi::NsPath, crate::openapi::InvocationParams),
+    responses((status = 200, description = "Recorded invocations, newest first", body = sless_api_types::Items<sless_api_types::Invocation>), crate::openapi::ReadErrors)
+)]
 pub async fn list(
     State(s): State<AppState>,
     caller: Caller,

@@ -47,6 +47,13 @@ fn initial_status(spec: &JobSpec) -> JobStatus {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{ns}/jobs",
+    tag = "jobs",
+    params(crate::openapi::NsPath),
+    responses((status = 200, description = "The namespace's jobs", body = sless_api_types::Items<sless_api_types::Job>), crate::openapi::ReadErrors)
+)]
 pub async fn list(
     State(s): State<AppState>,
     caller: Caller,
@@ -64,6 +71,14 @@ pub async fn list(
     body(&Items::new(items))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/namespaces/{ns}/jobs",
+    tag = "jobs",
+    params(crate::openapi::NsPath),
+    request_body(content = sless_api_types::schema::JobCreate, content_type = "application/json"),
+    responses((status = 201, description = "Created; the run starts unless run_id is 0 (ETag: its version)", body = sless_api_types::Job), crate::openapi::WriteErrors)
+)]
 pub async fn create(
     State(s): State<AppState>,
     caller: Caller,
@@ -113,6 +128,13 @@ pub struct WaitQuery {
     wait: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{ns}/jobs/{name}",
+    tag = "jobs",
+    params(crate::openapi::NsNamePath, crate::openapi::WaitParams),
+    responses((status = 200, description = "The job (ETag: its version)", body = sless_api_types::Job), crate::openapi::ReadErrors)
+)]
 pub async fn get(
     State(s): State<AppState>,
     caller: Caller,
@@ -168,6 +190,14 @@ fn patched(job: &mut JobRecord, patch: &Value) -> Result<bool, ApiError> {
 
 /// A merge patch, applied by the store to the job as it stands when it writes (see
 /// the trigger's); a changed `run_id` starts (or, at 0, stops) a run once written.
+#[utoipa::path(
+    patch,
+    path = "/v1/namespaces/{ns}/jobs/{name}",
+    tag = "jobs",
+    params(crate::openapi::NsNamePath, crate::openapi::IfMatchHeader),
+    request_body(content = sless_api_types::schema::JobPatch, content_type = "application/merge-patch+json"),
+    responses((status = 200, description = "Patched; a raised run_id runs it again (ETag: its version)", body = sless_api_types::Job), crate::openapi::MatchedWriteErrors)
+)]
 pub async fn patch(
     State(s): State<AppState>,
     caller: Caller,
@@ -207,6 +237,13 @@ pub async fn patch(
     ))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/namespaces/{ns}/jobs/{name}",
+    tag = "jobs",
+    params(crate::openapi::NsNamePath),
+    responses((status = 204, description = "Deleted"), crate::openapi::DeleteErrors)
+)]
 pub async fn delete(
     State(s): State<AppState>,
     caller: Caller,
@@ -222,6 +259,14 @@ pub async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/namespaces/{ns}/jobs/{name}/code",
+    tag = "jobs",
+    params(crate::openapi::NsNamePath, crate::openapi::IfMatchHeader),
+    request_body(content = sless_api_types::schema::ZipArchive, content_type = "application/zip"),
+    responses((status = 202, description = "Stored; the run starts", body = sless_api_types::JobCodeUploaded), crate::openapi::MatchedWriteErrors)
+)]
 pub async fn upload_code(
     State(s): State<AppState>,
     caller: Caller,

@@ -11,6 +11,7 @@ mod functions;
 mod invocations;
 mod jobs;
 mod namespaces;
+pub mod openapi;
 pub mod quotas;
 mod storage;
 mod tokens;
@@ -93,17 +94,38 @@ pub(crate) fn body<T: serde::Serialize>(shape: &T) -> Result<axum::Json<Value>, 
 /// Largest JSON document accepted by the object endpoints.
 const MAX_JSON: usize = 1 << 20;
 
-/// The `/v1` API plus health endpoints.
+/// The `/v1` API plus health endpoints and `/openapi.json`.
 pub fn router(state: AppState) -> Router {
+    routes()
+        .into_router()
+        .fallback(fallback)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            storage::guard_writes,
+        ))
+        .layer(axum::middleware::from_fn(contract_errors))
+        // Outermost, so the audit log sees the status the client gets.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            audit::record,
+        ))
+        .with_state(state)
+}
+
+/// Every route of [`router`], recorded (see [`openapi::Routes`]): each one needs a
+/// `#[utoipa::path]` annotation and an entry in `openapi::ApiDoc`, or the document
+/// test fails.
+pub fn routes() -> openapi::Routes {
     use functions as f;
     use jobs as j;
     use namespaces as n;
     use triggers as t;
-    Router::new()
+    openapi::Routes::new()
+        .route("/openapi.json", get(openapi::serve))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/v1/whoami", get(n::whoami))
-        .route("/v1/tokens", post(n::create_token))
+        .route("/v1/tokens", post(n::create_token).get(tokens::list))
         .route("/v1/namespaces", get(n::list))
         .route(
             "/v1/namespaces/{ns}",
@@ -143,22 +165,9 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/namespaces/{ns}/jobs/{name}/code", put(j::upload_code))
         // Token listing, revocation and admin rotation; the audit log.
-        .route("/v1/tokens", get(tokens::list))
         .route("/v1/tokens/{id}", axum::routing::delete(tokens::delete))
         .route("/v1/tokens/admin/rotate", post(tokens::rotate_admin))
         .route("/v1/audit", get(audit::list))
-        .fallback(fallback)
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            storage::guard_writes,
-        ))
-        .layer(axum::middleware::from_fn(contract_errors))
-        // Outermost, so the audit log sees the status the client gets.
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            audit::record,
-        ))
-        .with_state(state)
 }
 
 /// Gives every error the API answers the contract's shape `{"error": {"code",
@@ -208,6 +217,13 @@ async fn fallback() -> ApiError {
     ApiError::NotFound("no such endpoint".into())
 }
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "meta",
+    security(()),
+    responses((status = 200, description = "The process serves", body = sless_api_types::Health))
+)]
 async fn healthz() -> Result<axum::Json<Value>, ApiError> {
     body(&Health {
         status: "ok".into(),
@@ -215,6 +231,13 @@ async fn healthz() -> Result<axum::Json<Value>, ApiError> {
     })
 }
 
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "meta",
+    security(()),
+    responses((status = 200, description = "Ready: the store, the code store and the disk are healthy", body = sless_api_types::Health), (status = 503, description = "Not ready: `problems` says why", body = sless_api_types::Health))
+)]
 async fn readyz(State(s): State<AppState>) -> Response {
     let store = s
         .store

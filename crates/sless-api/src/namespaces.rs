@@ -18,6 +18,12 @@ fn namespace_body(ns: &Namespace) -> sless_api_types::Namespace {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/whoami",
+    tag = "namespaces",
+    responses((status = 200, description = "Who the token is and the namespaces it sees", body = sless_api_types::Whoami), crate::openapi::ReadErrors)
+)]
 pub async fn whoami(State(s): State<AppState>, caller: Caller) -> Result<Json<Value>, ApiError> {
     let namespaces: Vec<String> = match &caller {
         Caller::Admin => s
@@ -35,6 +41,12 @@ pub async fn whoami(State(s): State<AppState>, caller: Caller) -> Result<Json<Va
     })
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces",
+    tag = "namespaces",
+    responses((status = 200, description = "The namespaces the token sees", body = sless_api_types::Items<sless_api_types::Namespace>), crate::openapi::ReadErrors)
+)]
 pub async fn list(State(s): State<AppState>, caller: Caller) -> Result<Json<Value>, ApiError> {
     let all = s.store.list_namespaces().await?;
     let items: Vec<_> = all
@@ -59,6 +71,13 @@ async fn namespace_detail(
     })
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{ns}",
+    tag = "namespaces",
+    params(crate::openapi::NsPath),
+    responses((status = 200, description = "The namespace", body = sless_api_types::Namespace), crate::openapi::ReadErrors)
+)]
 pub async fn get(
     State(s): State<AppState>,
     caller: Caller,
@@ -71,6 +90,13 @@ pub async fn get(
 
 /// `PUT /v1/namespaces/{ns}`: creates the namespace if missing; an admin may send
 /// `{"quota": {...}}` to set its quotas (a namespace caller doing so gets `403`).
+#[utoipa::path(
+    put,
+    path = "/v1/namespaces/{ns}",
+    tag = "namespaces",
+    params(crate::openapi::NsPath),
+    responses((status = 200, description = "It already existed", body = sless_api_types::Namespace), (status = 201, description = "Created", body = sless_api_types::Namespace), crate::openapi::WriteErrors)
+)]
 pub async fn ensure(
     State(s): State<AppState>,
     caller: Caller,
@@ -152,6 +178,13 @@ pub struct DeleteQuery {
     force: bool,
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/namespaces/{ns}",
+    tag = "namespaces",
+    params(crate::openapi::NsPath, crate::openapi::ForceQuery),
+    responses((status = 204, description = "Deleted"), crate::openapi::DeleteErrors)
+)]
 pub async fn delete(
     State(s): State<AppState>,
     caller: Caller,
@@ -179,6 +212,13 @@ pub async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/tokens",
+    tag = "namespaces",
+    request_body(content = sless_api_types::schema::TokenCreate, content_type = "application/json"),
+    responses((status = 201, description = "The token, shown this once", body = sless_api_types::TokenCreated), crate::openapi::WriteErrors)
+)]
 pub async fn create_token(
     State(s): State<AppState>,
     caller: Caller,

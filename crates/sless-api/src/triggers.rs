@@ -38,6 +38,13 @@ async fn check(s: &AppState, ns: &str, spec: &TriggerSpec) -> Result<(), ApiErro
     Ok(())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{ns}/triggers",
+    tag = "triggers",
+    params(crate::openapi::NsPath),
+    responses((status = 200, description = "The namespace's triggers", body = sless_api_types::Items<sless_api_types::Trigger>), crate::openapi::ReadErrors)
+)]
 pub async fn list(
     State(s): State<AppState>,
     caller: Caller,
@@ -55,6 +62,14 @@ pub async fn list(
     body(&Items::new(items))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/namespaces/{ns}/triggers",
+    tag = "triggers",
+    params(crate::openapi::NsPath),
+    request_body(content = sless_api_types::schema::TriggerCreate, content_type = "application/json"),
+    responses((status = 201, description = "Created (ETag: its version)", body = sless_api_types::Trigger), crate::openapi::WriteErrors)
+)]
 pub async fn create(
     State(s): State<AppState>,
     caller: Caller,
@@ -87,6 +102,13 @@ pub async fn create(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{ns}/triggers/{name}",
+    tag = "triggers",
+    params(crate::openapi::NsNamePath),
+    responses((status = 200, description = "The trigger (ETag: its version)", body = sless_api_types::Trigger), crate::openapi::ReadErrors)
+)]
 pub async fn get(
     State(s): State<AppState>,
     caller: Caller,
@@ -179,6 +201,14 @@ fn patched(current: &TriggerRecord, patch: &Value) -> Result<TriggerSpec, ApiErr
 /// A merge patch, applied by the store to the trigger as it stands when it writes
 /// (again, should another writer get there first), so concurrent patches never lose
 /// each other's edits; with `If-Match`, only to the version it names.
+#[utoipa::path(
+    patch,
+    path = "/v1/namespaces/{ns}/triggers/{name}",
+    tag = "triggers",
+    params(crate::openapi::NsNamePath, crate::openapi::IfMatchHeader),
+    request_body(content = sless_api_types::schema::TriggerPatch, content_type = "application/merge-patch+json"),
+    responses((status = 200, description = "Patched (ETag: its version)", body = sless_api_types::Trigger), crate::openapi::MatchedWriteErrors)
+)]
 pub async fn patch(
     State(s): State<AppState>,
     caller: Caller,
@@ -210,6 +240,13 @@ pub async fn patch(
     ))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/namespaces/{ns}/triggers/{name}",
+    tag = "triggers",
+    params(crate::openapi::NsNamePath),
+    responses((status = 204, description = "Deleted"), crate::openapi::DeleteErrors)
+)]
 pub async fn delete(
     State(s): State<AppState>,
     caller: Caller,

@@ -220,6 +220,11 @@ pub struct ServeArgs {
     /// Default quota: devices per namespace.
     #[arg(long, env = "SLESS_QUOTA_DEVICES", default_value_t = Quota::default().devices)]
     pub quota_devices: u64,
+    /// Failed authentications (unknown tokens) one client address may make in a
+    /// minute before the API answers it `429` until the minute is over.
+    #[arg(long, env = "SLESS_AUTH_FAILURES_PER_MINUTE", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub auth_failures_per_minute: u32,
 }
 
 impl ServeArgs {
@@ -535,7 +540,15 @@ async fn build(args: ServeArgs) -> Result<Server> {
         logs.clone(),
         public_url.clone(),
     );
-    let mut tokens = Tokens::new(&admin_token, store.clone()).with_token_store(token_store.clone());
+    let mut tokens = Tokens::with_limiter(
+        &admin_token,
+        store.clone(),
+        sless_api::AuthLimiter::new(
+            args.auth_failures_per_minute,
+            std::time::Duration::from_secs(60),
+            10_000,
+        ),
+    ).with_token_store(token_store.clone());
     // An admin token set by SLESS_ADMIN_TOKEN cannot be rotated by the server.
     if !admin_token_from_env() {
         tokens = tokens.with_admin_file(data_dir.join("admin-token"));

@@ -14,4 +14,5 @@ mod harness;
 mod job_wait;
 mod namespaces;
 mod objects;
+mod openapi;
 mod serving;

@@ -1,0 +1,291 @@
+//! OpenAPI schemas for the shapes whose types live in `sless-core` (which does not
+//! depend on utoipa) or whose serde form no derive describes: the function and job
+//! specs, and the trigger with its spec flattened in. Written as JSON Schema, each
+//! checked against the golden bodies in `tests.rs`.
+
+use serde_json::{Value, json};
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::Schema;
+
+/// A schema from its JSON form.
+pub fn from_json(schema: Value) -> RefOr<Schema> {
+    // The schemas are constants of this crate; a test decodes every one of them.
+    #[allow(clippy::expect_used)]
+    serde_json::from_value(schema).expect("a valid OpenAPI schema")
+}
+
+/// A DNS label, as `sless_core::validate_name` accepts it.
+pub const NAME_PATTERN: &str = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$";
+
+/// A runtime name, as `sless_core::Runtime::parse` accepts it: a family and an
+/// optional version of digits and dots.
+pub const RUNTIME_PATTERN: &str = r"^(python3\.?(\.?[0-9]+)*|python\.?(\.[0-9]+|[013-9][0-9]*)(\.?[0-9]+)*|(nodejs|node|go)\.?(\.?[0-9]+)*|custom\.?)$";
+
+macro_rules! json_schema {
+    ($(#[$doc:meta])* $name:ident, $schema:expr) => {
+        $(#[$doc])*
+        pub struct $name;
+
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> RefOr<Schema> {
+                from_json($schema)
+            }
+        }
+
+        impl utoipa::ToSchema for $name {}
+    };
+}
+
+fn function_spec_properties() -> Value {
+    json!({
+        "runtime": {"type": "string", "pattern": RUNTIME_PATTERN, "description": "python3, nodejs, go or custom; a version alias such as python3.11 or nodejs20 is accepted"},
+        "entrypoint": {"type": "string", "description": "python3/nodejs: module.function; go: an identifier; custom: empty"},
+        "env": {"type": "object", "additionalProperties": {"type": "string"}},
+        "memory_mb": {"type": "integer", "minimum": 32, "maximum": 4096},
+        "cpu": {"type": "integer", "minimum": 50, "maximum": 8000, "description": "millicores"},
+        "timeout_sec": {"type": "integer", "minimum": 0, "maximum": 900},
+        "min_instances": {"type": "integer", "minimum": 0, "maximum": 1000},
+        "max_instances": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "at least max(1, min_instances)"},
+        "concurrency": {"type": "integer", "minimum": 1, "maximum": 10000},
+        "idle_timeout_sec": {"type": "integer", "minimum": 1, "maximum": 86400},
+        "paused": {"type": "boolean"},
+        "private": {"type": "boolean"},
+        "network": {"type": "string", "enum": ["outbound", "none", "host"]}
+    })
+}
+
+fn job_spec_properties() -> Value {
+    json!({
+        "function": {"type": "string", "pattern": NAME_PATTERN, "description": "the function the job runs (it must exist); absent for a self-contained job"},
+        "runtime": {"type": "string", "pattern": RUNTIME_PATTERN, "description": "self-contained jobs: the runtime of the uploaded code"},
+        "entrypoint": {"type": "string"},
+        "env": {"type": "object", "additionalProperties": {"type": "string"}},
+        "memory_mb": {"type": "integer", "minimum": 0},
+        "event": {"type": null, "description": "the event the handler gets"},
+        "run_id": {"type": "integer", "minimum": 0, "description": "raise it to run again; 0: do not run"},
+        "timeout_sec": {"type": "integer", "minimum": 0},
+        "max_attempts": {"type": "integer", "minimum": 0}
+    })
+}
+
+fn trigger_spec_properties() -> Value {
+    json!({
+        "function": {"type": "string", "pattern": NAME_PATTERN, "description": "the function it calls (it must exist)"},
+        "type": {"type": "string", "enum": ["http", "cron", "queue"]},
+        "enabled": {"type": "boolean"},
+        "path": {"type": "string", "description": "http: the route below /t/{ns}"},
+        "methods": {"type": "array", "items": {"type": "string"}, "description": "http"},
+        "schedule": {"type": "string", "description": "cron: the schedule expression"},
+        "timezone": {"type": "string", "description": "cron: an IANA time zone"},
+        "event": {"type": null, "description": "cron: the event the handler gets"},
+        "prewarm_sec": {"type": "integer", "minimum": 0, "description": "cron"},
+        "source": {"type": "object", "description": "queue: {kind, url, topic}"}
+    })
+}
+
+json_schema!(
+    /// A function's spec as the server answers it (`Function.spec`).
+    FunctionSpecSchema,
+    json!({"type": "object", "required": ["runtime"], "properties": function_spec_properties()})
+);
+
+json_schema!(
+    /// A job's spec as the server answers it (`Job.spec`).
+    JobSpecSchema,
+    json!({"type": "object", "properties": job_spec_properties()})
+);
+
+/// A function; `spec` as the server fills it.
+impl<S> utoipa::PartialSchema for crate::Function<S> {
+    fn schema() -> RefOr<Schema> {
+        from_json(json!({
+            "type": "object",
+            "required": ["name", "namespace", "spec", "status", "created_at", "updated_at"],
+            "properties": {
+                "name": {"type": "string"},
+                "namespace": {"type": "string"},
+                "spec": {"$ref": "#/components/schemas/FunctionSpecSchema"},
+                "status": {"$ref": "#/components/schemas/FunctionStatus"},
+                "created_at": {"type": "string"},
+                "updated_at": {"type": "string"}
+            }
+        }))
+    }
+}
+
+impl<S> utoipa::ToSchema for crate::Function<S> {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "Function".into()
+    }
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        use utoipa::PartialSchema;
+        schemas.push(("FunctionSpecSchema".into(), FunctionSpecSchema::schema()));
+        schemas.push(("FunctionStatus".into(), crate::FunctionStatus::schema()));
+        schemas.push(("InstanceCounts".into(), crate::InstanceCounts::schema()));
+        schemas.push(("FunctionPhase".into(), crate::FunctionPhase::schema()));
+    }
+}
+
+/// A job; `spec` as the server fills it.
+impl<S> utoipa::PartialSchema for crate::Job<S> {
+    fn schema() -> RefOr<Schema> {
+        from_json(json!({
+            "type": "object",
+            "required": ["name", "namespace", "spec", "status", "code_sha256", "created_at", "updated_at"],
+            "properties": {
+                "name": {"type": "string"},
+                "namespace": {"type": "string"},
+                "spec": {"$ref": "#/components/schemas/JobSpecSchema"},
+                "status": {"$ref": "#/components/schemas/JobStatus"},
+                "code_sha256": {"type": ["string", "null"], "description": "self-contained jobs: SHA-256 of the uploaded archive"},
+                "created_at": {"type": "string"},
+                "updated_at": {"type": "string"}
+            }
+        }))
+    }
+}
+
+impl<S> utoipa::ToSchema for crate::Job<S> {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "Job".into()
+    }
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        use utoipa::PartialSchema;
+        schemas.push(("JobSpecSchema".into(), JobSpecSchema::schema()));
+        schemas.push(("JobStatus".into(), crate::JobStatus::schema()));
+        schemas.push(("JobPhase".into(), crate::JobPhase::schema()));
+    }
+}
+
+/// The trigger: its spec's fields at the top level, plus name, namespace, status, times.
+impl utoipa::PartialSchema for crate::Trigger {
+    fn schema() -> RefOr<Schema> {
+        let mut properties = trigger_spec_properties();
+        if let Some(p) = properties.as_object_mut() {
+            p.insert("name".into(), json!({"type": "string"}));
+            p.insert("namespace".into(), json!({"type": "string"}));
+            p.insert(
+                "status".into(),
+                json!({"$ref": "#/components/schemas/TriggerStatus"}),
+            );
+            p.insert("created_at".into(), json!({"type": "string"}));
+            p.insert("updated_at".into(), json!({"type": "string"}));
+        }
+        from_json(json!({
+            "type": "object",
+            "required": ["name", "namespace", "function", "type", "enabled", "status", "created_at", "updated_at"],
+            "properties": properties
+        }))
+    }
+}
+
+impl utoipa::ToSchema for crate::Trigger {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        use utoipa::PartialSchema;
+        schemas.push(("TriggerStatus".into(), crate::TriggerStatus::schema()));
+    }
+}
+
+json_schema!(
+    /// `POST .../functions`: the name and the spec's fields.
+    FunctionCreate,
+    {
+        let mut p = function_spec_properties();
+        if let Some(p) = p.as_object_mut() {
+            p.insert("name".into(), json!({"type": "string", "pattern": NAME_PATTERN}));
+        }
+        json!({"type": "object", "required": ["name", "runtime"], "additionalProperties": false, "properties": p})
+    }
+);
+
+json_schema!(
+    /// `PATCH .../functions/{name}`: a JSON merge patch of the spec.
+    FunctionPatch,
+    json!({"type": "object", "additionalProperties": false, "properties": function_spec_properties()})
+);
+
+json_schema!(
+    /// `POST .../triggers`: the name and the spec's fields.
+    TriggerCreate,
+    {
+        let mut p = trigger_spec_properties();
+        if let Some(p) = p.as_object_mut() {
+            p.insert("name".into(), json!({"type": "string", "pattern": NAME_PATTERN}));
+        }
+        json!({"type": "object", "required": ["name", "function", "type"], "additionalProperties": false, "properties": p})
+    }
+);
+
+json_schema!(
+    /// `PATCH .../triggers/{name}`: a JSON merge patch of the spec.
+    TriggerPatch,
+    json!({"type": "object", "additionalProperties": false, "properties": trigger_spec_properties()})
+);
+
+json_schema!(
+    /// `POST .../jobs`: the name and the spec's fields.
+    JobCreate,
+    {
+        let mut p = job_spec_properties();
+        if let Some(p) = p.as_object_mut() {
+            p.insert("name".into(), json!({"type": "string", "pattern": NAME_PATTERN}));
+        }
+        json!({"type": "object", "required": ["name"], "additionalProperties": false, "properties": p})
+    }
+);
+
+json_schema!(
+    /// `PATCH .../jobs/{name}`: a JSON merge patch of the spec.
+    JobPatch,
+    json!({"type": "object", "additionalProperties": false, "properties": job_spec_properties()})
+);
+
+json_schema!(
+    /// `POST /v1/tokens`.
+    TokenCreate,
+    json!({
+        "type": "object",
+        "required": ["namespace"],
+        "additionalProperties": false,
+        "properties": {"namespace": {"type": "string", "pattern": NAME_PATTERN}}
+    })
+);
+
+json_schema!(
+    /// A code upload: `multipart/form-data` with the zip archive in field `code`.
+    CodeUpload,
+    json!({
+        "type": "object",
+        "required": ["code"],
+        "properties": {"code": {"type": "string", "format": "binary"}}
+    })
+);
+
+json_schema!(
+    /// A zip archive sent as the whole body.
+    ZipArchive,
+    json!({"type": "string", "format": "binary"})
+);
+
+#[cfg(test)]
+mod tests {
+    use utoipa::PartialSchema;
+
+    #[test]
+    fn every_hand_written_schema_decodes() {
+        super::FunctionSpecSchema::schema();
+        super::JobSpecSchema::schema();
+        crate::Function::<serde_json::Value>::schema();
+        crate::Job::<serde_json::Value>::schema();
+        crate::Trigger::schema();
+        super::FunctionCreate::schema();
+        super::FunctionPatch::schema();
+        super::TriggerCreate::schema();
+        super::TriggerPatch::schema();
+        super::JobCreate::schema();
+        super::JobPatch::schema();
+        super::TokenCreate::schema();
+        super::CodeUpload::schema();
+        super::ZipArchive::schema();
+    }
+}
