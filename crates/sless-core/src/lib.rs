@@ -10,6 +10,7 @@ pub mod job;
 pub mod name;
 pub mod patch;
 pub mod runtime;
+pub mod secret;
 pub mod trigger;
 
 pub use backoff::Backoff;
@@ -17,6 +18,7 @@ pub use function::{FunctionSpec, FunctionStatus, InstanceCounts, NetworkMode, Ph
 pub use job::{JobPhase, JobSpec, JobStatus};
 pub use name::validate_name;
 pub use runtime::{Runtime, RuntimeFamily};
+pub use secret::{EnvValue, SecretRef};
 pub use trigger::{
     MissedRuns, TriggerFields, TriggerKind, TriggerResult, TriggerSpec, TriggerStatus, TriggerType,
 };

@@ -11,6 +11,7 @@
 mod cas;
 mod invocations;
 mod jobs;
+mod secrets;
 mod sqlite;
 mod storage;
 mod triggers;
@@ -23,6 +24,7 @@ pub use invocations::{
     DEFAULT_INVOCATION_LIMIT, InvocationFilter, InvocationStore, MAX_INVOCATION_LIMIT,
 };
 pub use jobs::{JobRecord, JobStore};
+pub use secrets::{SecretRecord, SecretReferences, SecretStore};
 /// The record types, where the listing's callers expect them.
 pub use sless_core::invocation::{InvocationRecord, InvocationSource};
 pub use sqlite::SqliteStore;
