@@ -99,6 +99,28 @@ impl<'de> Deserialize<'de> for EnvValue {
     }
 }
 
+/// A resolved secret value on its way to an instance: shown as `<redacted>` by
+/// `Debug`, so no log line or error that formats a deployment can carry it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Sensitive(std::sync::Arc<String>);
+
+impl Sensitive {
+    pub fn new(value: String) -> Self {
+        Sensitive(std::sync::Arc::new(value))
+    }
+
+    /// The value itself; hand it only to the instance.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Sensitive {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
 /// The secret references of an `env`: `(variable, reference)`.
 pub fn env_refs(env: &BTreeMap<String, EnvValue>) -> impl Iterator<Item = (&str, &SecretRef)> {
     env.iter()

@@ -127,10 +127,11 @@ impl Cipher {
             return Err(OpenError::Invalid);
         }
         let (nonce, body) = sealed.split_at(NONCE_LEN);
+        let nonce: [u8; NONCE_LEN] = nonce.try_into().map_err(|_| OpenError::Invalid)?;
         let aad = slot.aad();
         self.aead
             .decrypt(
-                XNonce::from_slice(nonce),
+                &XNonce::from(nonce),
                 Payload {
                     msg: body,
                     aad: &aad,
