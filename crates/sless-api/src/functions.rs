@@ -105,6 +105,7 @@ pub async fn create(
         )));
     }
     s.store.get_namespace(&ns).await?;
+    crate::secrets::check_env_refs(&s, &ns, &crate::secrets::env_refs(&spec.env)).await?;
     let now = Utc::now();
     let record = FunctionRecord {
         namespace: ns.clone(),
@@ -209,6 +210,8 @@ pub async fn patch(
             )));
         }
     }
+    let refs = crate::secrets::patch_refs(&request);
+    crate::secrets::check_env_refs(&s, &ns, &refs).await?;
     let record = s
         .store
         .update_function(&ns, &name, expect, FunctionChange::Patch(request))

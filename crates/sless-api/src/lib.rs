@@ -10,6 +10,7 @@ mod functions;
 mod invocations;
 mod jobs;
 mod namespaces;
+mod secrets;
 mod storage;
 mod triggers;
 
@@ -68,6 +69,10 @@ pub struct AppState {
     pub jobs: Arc<Jobs>,
     /// Namespace tokens may give functions `"network": "host"` (otherwise only the admin).
     pub allow_host_network: bool,
+    // --- Secrets ---
+    pub secret_store: Arc<dyn sless_store::SecretStore>,
+    /// The server's secret key; `None` only in tests that keep no secrets.
+    pub cipher: Option<Arc<sless_secrets::Cipher>>,
 }
 
 /// A response body: one of `sless_api_types`' shapes, as the JSON document it is sent as.
@@ -129,6 +134,14 @@ pub fn router(state: AppState) -> Router {
             get(j::get).patch(j::patch).delete(j::delete),
         )
         .route("/v1/namespaces/{ns}/jobs/{name}/code", put(j::upload_code))
+        // --- Secrets ---
+        .route("/v1/namespaces/{ns}/secrets", get(secrets::list))
+        .route(
+            "/v1/namespaces/{ns}/secrets/{name}",
+            put(secrets::put)
+                .get(secrets::get)
+                .delete(secrets::delete),
+        )
         .fallback(fallback)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

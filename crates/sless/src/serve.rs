@@ -159,6 +159,14 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub allow_host_network: bool,
+    // --- Secrets ---
+    /// Memory-backed host directory for the files instances read at
+    /// /run/secrets/{secret}/{key} (one subdirectory per instance, removed when it
+    /// stops). Default: /dev/shm/<server id>-secrets. The server's key comes from
+    /// SLESS_SECRET_KEY (64 hex characters or base64 of 32 bytes) or
+    /// <data-dir>/secret.key, generated on first start.
+    #[arg(long, env = "SLESS_SECRETS_DIR", value_name = "DIR")]
+    pub secrets_dir: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -350,6 +358,17 @@ async fn build(args: ServeArgs) -> Result<Server> {
     }
     create_private_dir(&data_dir)?;
     let admin_token = admin_token(&data_dir)?;
+    // Before anything starts: a key that is malformed or unsafe stops the server.
+    let cipher = Arc::new(
+        sless_secrets::Cipher::load(
+            std::env::var("SLESS_SECRET_KEY").ok().as_deref(),
+            &data_dir,
+        )
+        .context("cannot load the secret key")?,
+    );
+    let secrets_dir = args.secrets_dir.clone().unwrap_or_else(|| {
+        PathBuf::from("/dev/shm").join(format!("{}-secrets", cgroup_name(&data_dir)))
+    });
 
     let sqlite = Arc::new(
         SqliteStore::open(&data_dir.join("sless.db"))
@@ -360,6 +379,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
     let record_sink: Arc<dyn RecordSink> = sqlite.clone();
     let trigger_store: Arc<dyn TriggerStore> = sqlite.clone();
     let job_store: Arc<dyn JobStore> = sqlite.clone();
+    let secret_store: Arc<dyn sless_store::SecretStore> = sqlite.clone();
     let storage_store: Arc<dyn sless_store::StorageStore> = sqlite.clone();
     let store: Arc<dyn Store> = sqlite;
     store.ensure_namespace("default").await?;
@@ -429,6 +449,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
                 .then(|| Duration::from_millis(args.freeze_idle_ms)),
             liveness_period: (args.liveness_period_ms > 0)
                 .then(|| Duration::from_millis(args.liveness_period_ms)),
+            secrets_dir: Some(secrets_dir),
         },
         sandbox.clone(),
         logs.clone(),
@@ -496,6 +517,13 @@ async fn build(args: ServeArgs) -> Result<Server> {
         invoker.clone(),
     );
 
+    let resolver = Arc::new(sless_controller::secrets::SecretResolver::new(
+        secret_store.clone(),
+        cipher.clone(),
+    ));
+    controller.set_secrets(resolver.clone());
+    jobs.set_secrets(resolver);
+
     let api = sless_api::router(AppState {
         store: store.clone(),
         blobs,
@@ -520,6 +548,8 @@ async fn build(args: ServeArgs) -> Result<Server> {
         triggers: triggers.clone(),
         jobs: jobs.clone(),
         allow_host_network: args.allow_host_network,
+        secret_store: secret_store.clone(),
+        cipher: Some(cipher.clone()),
     });
     let gateway = sless_gateway::Gateway {
         invoker,
