@@ -25,4 +25,5 @@ mod lifecycle;
 mod records;
 mod sandbox;
 mod scaling;
+mod secrets;
 mod triggers;
