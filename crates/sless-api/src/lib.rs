@@ -138,9 +138,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/namespaces/{ns}/secrets", get(secrets::list))
         .route(
             "/v1/namespaces/{ns}/secrets/{name}",
-            put(secrets::put)
-                .get(secrets::get)
-                .delete(secrets::delete),
+            put(secrets::put).get(secrets::get).delete(secrets::delete),
         )
         .fallback(fallback)
         .layer(axum::middleware::from_fn_with_state(

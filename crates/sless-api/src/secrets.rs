@@ -200,10 +200,12 @@ pub(crate) fn patch_refs(patch: &Value) -> Vec<(String, SecretRef)> {
         .and_then(Value::as_object)
         .map(|env| {
             env.iter()
-                .filter_map(|(var, v)| match serde_json::from_value::<EnvValue>(v.clone()) {
-                    Ok(EnvValue::Secret(r)) => Some((var.clone(), r)),
-                    _ => None,
-                })
+                .filter_map(
+                    |(var, v)| match serde_json::from_value::<EnvValue>(v.clone()) {
+                        Ok(EnvValue::Secret(r)) => Some((var.clone(), r)),
+                        _ => None,
+                    },
+                )
                 .collect()
         })
         .unwrap_or_default()

@@ -17,11 +17,11 @@
 //! [`gc`] collects the code, builds and dependencies nothing uses any more, and
 //! answers how much storage a namespace's code takes.
 
-pub mod secrets;
 pub mod gc;
 pub mod jobs;
 mod policy;
 mod seams;
+pub mod secrets;
 #[cfg(test)]
 mod tests;
 pub mod triggers;
@@ -430,7 +430,11 @@ impl Controller {
             .get(key)
             .cloned();
         let secrets_digest = match self.secrets.get() {
-            Some(resolver) if sless_core::secret::env_refs(&record.spec.env).next().is_some() => {
+            Some(resolver)
+                if sless_core::secret::env_refs(&record.spec.env)
+                    .next()
+                    .is_some() =>
+            {
                 resolver.digest(&key.0, &record.spec.env).await?
             }
             _ => String::new(),

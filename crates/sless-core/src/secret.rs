@@ -230,9 +230,8 @@ mod tests {
         );
         let err = decode::<BTreeMap<String, EnvValue>>(json!({"B": 3})).unwrap_err();
         assert!(err.starts_with("B: invalid type"), "{err}");
-        let err =
-            decode::<BTreeMap<String, EnvValue>>(json!({"B": {"secret": "a", "kee": "b"}}))
-                .unwrap_err();
+        let err = decode::<BTreeMap<String, EnvValue>>(json!({"B": {"secret": "a", "kee": "b"}}))
+            .unwrap_err();
         assert!(err.contains("unknown field `kee`"), "{err}");
     }
 
@@ -249,7 +248,10 @@ mod tests {
         let err = validate_data(&data("a", "x".repeat(SECRET_VALUE_MAX_BYTES + 1))).unwrap_err();
         assert_eq!(err.field, "data.a");
         assert!(!err.message.contains("xxx"));
-        assert_eq!(validate_data(&data("a/b", "x".into())).unwrap_err().field, "data.a/b");
+        assert_eq!(
+            validate_data(&data("a/b", "x".into())).unwrap_err().field,
+            "data.a/b"
+        );
         assert_eq!(validate_data(&BTreeMap::new()).unwrap_err().field, "data");
     }
 }

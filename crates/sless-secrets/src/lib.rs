@@ -247,7 +247,10 @@ mod tests {
                 secret: "db2",
                 ..SLOT
             },
-            Slot { key: "dsn2", ..SLOT },
+            Slot {
+                key: "dsn2",
+                ..SLOT
+            },
             // The length prefix keeps "ns"+"db" apart from "nsd"+"b".
             Slot {
                 namespace: "nsd",
@@ -273,7 +276,10 @@ mod tests {
         for bad in ["", "short", &"00".repeat(31), &"zz".repeat(32)] {
             let err = parse_key(bad).unwrap_err().to_string();
             assert!(err.contains("64 hex characters or as base64"), "{err}");
-            assert!(!err.contains(bad) || bad.is_empty(), "echoes the key: {err}");
+            assert!(
+                !err.contains(bad) || bad.is_empty(),
+                "echoes the key: {err}"
+            );
         }
     }
 

@@ -296,7 +296,10 @@ mod tests {
         assert_eq!(store.list_secrets("ns").await.unwrap(), vec![b]);
         assert!(matches!(
             store.put_secret("nope", "db", sealed).await,
-            Err(StoreError::NotFound { kind: "namespace", .. })
+            Err(StoreError::NotFound {
+                kind: "namespace",
+                ..
+            })
         ));
 
         let spec: sless_core::FunctionSpec = serde_json::from_value(serde_json::json!({

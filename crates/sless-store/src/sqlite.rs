@@ -481,7 +481,10 @@ mod tests {
             )
             .await
             .unwrap();
-        assert_eq!((r.revision, r.spec.env["A"].as_plain().unwrap_or_default()), (2, "x"));
+        assert_eq!(
+            (r.revision, r.spec.env["A"].as_plain().unwrap_or_default()),
+            (2, "x")
+        );
         let r = store
             .update_function(
                 "default",

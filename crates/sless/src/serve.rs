@@ -360,11 +360,8 @@ async fn build(args: ServeArgs) -> Result<Server> {
     let admin_token = admin_token(&data_dir)?;
     // Before anything starts: a key that is malformed or unsafe stops the server.
     let cipher = Arc::new(
-        sless_secrets::Cipher::load(
-            std::env::var("SLESS_SECRET_KEY").ok().as_deref(),
-            &data_dir,
-        )
-        .context("cannot load the secret key")?,
+        sless_secrets::Cipher::load(std::env::var("SLESS_SECRET_KEY").ok().as_deref(), &data_dir)
+            .context("cannot load the secret key")?,
     );
     let secrets_dir = args.secrets_dir.clone().unwrap_or_else(|| {
         PathBuf::from("/dev/shm").join(format!("{}-secrets", cgroup_name(&data_dir)))

@@ -37,7 +37,10 @@ fn unique_value(tag: &str) -> String {
 /// Every file under `dir` (database, WAL, logs, builds, blobs...) holding `needle`.
 fn files_containing(dir: &Path, needle: &str) -> Vec<String> {
     let mut found = Vec::new();
-    for entry in walkdir::WalkDir::new(dir).into_iter().filter_map(Result::ok) {
+    for entry in walkdir::WalkDir::new(dir)
+        .into_iter()
+        .filter_map(Result::ok)
+    {
         if entry.file_type().is_file()
             && let Ok(bytes) = std::fs::read(entry.path())
             && bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
@@ -81,7 +84,10 @@ async fn a_function_reads_its_secret_from_env_and_file_and_nothing_else_holds_it
         .await;
         assert_eq!(status, 400, "{body}");
         let text = body["error"]["message"].as_str().unwrap();
-        assert!(text.starts_with("env.DB_DSN: ") && text.contains(message), "{text}");
+        assert!(
+            text.starts_with("env.DB_DSN: ") && text.contains(message),
+            "{text}"
+        );
     }
 
     let f = server
@@ -130,7 +136,10 @@ async fn a_function_reads_its_secret_from_env_and_file_and_nothing_else_holds_it
     let logs = server.client.logs("default", "app", None).await.unwrap();
     assert!(!logs.contains(&value));
     // Nor does any file of the data directory, in any form the server wrote.
-    assert_eq!(files_containing(&server.data_dir, &value), Vec::<String>::new());
+    assert_eq!(
+        files_containing(&server.data_dir, &value),
+        Vec::<String>::new()
+    );
 
     // A referenced secret cannot be deleted; the answer names who uses it.
     let (status, body) = send(
@@ -141,18 +150,33 @@ async fn a_function_reads_its_secret_from_env_and_file_and_nothing_else_holds_it
     )
     .await;
     assert_eq!(status, 409, "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("functions app"), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("functions app"),
+        "{body}"
+    );
 
     // Bad input is 400 naming the field, without echoing the value.
     let (status, body) = put_secret(&server, "db", json!({"a/b": value})).await;
     assert_eq!(status, 400, "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().starts_with("data.a/b: "));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("data.a/b: ")
+    );
     assert!(!body.to_string().contains(&value));
     let (status, body) = put_secret(&server, "Bad_Name", json!({"k": "v"})).await;
     assert_eq!(status, 400, "{body}");
 
     // Once nothing refers to it, it goes.
-    server.client.delete_function("default", "app").await.unwrap();
+    server
+        .client
+        .delete_function("default", "app")
+        .await
+        .unwrap();
     let (status, body) = send(
         &server,
         reqwest::Method::DELETE,
@@ -237,8 +261,123 @@ async fn replacing_a_secret_rolls_the_function_over_without_dropped_requests() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let answers = load.await.unwrap();
     let failed: Vec<_> = answers.iter().filter(|(s, _)| *s != 200).collect();
-    assert!(failed.is_empty(), "dropped during the replacement: {failed:?}");
+    assert!(
+        failed.is_empty(),
+        "dropped during the replacement: {failed:?}"
+    );
     assert!(answers.iter().any(|(_, b)| b.contains(&new)));
-    assert_eq!(files_containing(&server.data_dir, &new), Vec::<String>::new());
-    assert_eq!(files_containing(&server.data_dir, &old), Vec::<String>::new());
+    assert_eq!(
+        files_containing(&server.data_dir, &new),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        files_containing(&server.data_dir, &old),
+        Vec::<String>::new()
+    );
+}
+
+/// Runs the `sless` command line against `server`, with `stdin` on its standard input.
+async fn sless(server: &Server, args: &[&str], stdin: &str) -> std::process::Output {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sless"))
+        .args(args)
+        .env("SLESS_SERVER", server.url())
+        .env("SLESS_TOKEN", crate::harness::TOKEN)
+        .env_remove("SLESS_NAMESPACE")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run sless");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    child.wait_with_output().await.expect("sless output")
+}
+
+#[tokio::test]
+async fn secrets_from_the_command_line() {
+    let server = Server::start().await;
+    let value = unique_value("cli");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("password");
+    std::fs::write(&file, &value).unwrap();
+    let from_file = format!("dsn={}", file.display());
+    let out = sless(
+        &server,
+        &[
+            "secret",
+            "set",
+            "db",
+            "--from-literal",
+            "user=app",
+            "--from-file",
+            &from_file,
+        ],
+        "",
+    )
+    .await;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert_eq!(stdout.trim(), "secret db set (keys: dsn, user)");
+    // From stdin, never echoed.
+    let out = sless(
+        &server,
+        &["secret", "set", "other", "-n", "default"],
+        &format!("token={value}\n"),
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}");
+    assert!(!stdout.contains(&value));
+
+    let out = sless(&server, &["secret", "ls"], "").await;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("db") && stdout.contains("dsn,user") && stdout.contains("other"));
+    assert!(!stdout.contains(&value));
+
+    // deploy --env-secret writes the reference.
+    let code = tempfile::tempdir().unwrap();
+    std::fs::write(code.path().join("handler.py"), READER).unwrap();
+    let out = sless(
+        &server,
+        &[
+            "deploy",
+            code.path().to_str().unwrap(),
+            "--name",
+            "app",
+            "--runtime",
+            "python3",
+            "--env-secret",
+            "DB_DSN=db/dsn",
+        ],
+        "",
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, answer) = server.get("app", "").await;
+    assert_eq!(status, 200, "{answer}");
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["env"], value.as_str());
+
+    let out = sless(&server, &["secret", "rm", "db"], "").await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("functions app"));
+    let out = sless(&server, &["secret", "rm", "other"], "").await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = sless(&server, &["secret", "ls", "--json"], "").await;
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1);
 }
