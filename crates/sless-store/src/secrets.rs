@@ -253,7 +253,7 @@ impl SecretStore for SqliteStore {
         name: &str,
     ) -> Result<std::result::Result<(), SecretReferences>> {
         let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
-        let refs = references(&mut *tx, namespace, name).await?;
+        let refs = references(&mut tx, namespace, name).await?;
         if !refs.is_empty() {
             return Ok(Err(refs));
         }
