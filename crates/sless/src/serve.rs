@@ -160,9 +160,9 @@ pub struct ServeArgs {
     )]
     pub allow_host_network: bool,
     // --- Secrets ---
-    /// Memory-backed host directory for the files instances read at
-    /// /run/secrets/{secret}/{key} (one subdirectory per instance, removed when it
-    /// stops). Default: /dev/shm/<server id>-secrets. The server's key comes from
+    /// Memory-backed host directory under which the server keeps the files instances
+    /// read at /run/secrets/{secret}/{key}: in <DIR>/<server id>-secrets, one
+    /// subdirectory per instance, removed when it stops. Default: /dev/shm. The server's key comes from
     /// SLESS_SECRET_KEY (64 hex characters or base64 of 32 bytes) or
     /// <data-dir>/secret.key, generated on first start.
     #[arg(long, env = "SLESS_SECRETS_DIR", value_name = "DIR")]
@@ -363,9 +363,12 @@ async fn build(args: ServeArgs) -> Result<Server> {
         sless_secrets::Cipher::load(std::env::var("SLESS_SECRET_KEY").ok().as_deref(), &data_dir)
             .context("cannot load the secret key")?,
     );
-    let secrets_dir = args.secrets_dir.clone().unwrap_or_else(|| {
-        PathBuf::from("/dev/shm").join(format!("{}-secrets", cgroup_name(&data_dir)))
-    });
+    // A directory of this server's own inside the one given: it is emptied at start.
+    let secrets_dir = args
+        .secrets_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/dev/shm"))
+        .join(format!("{}-secrets", cgroup_name(&data_dir)));
 
     let sqlite = Arc::new(
         SqliteStore::open(&data_dir.join("sless.db"))
