@@ -595,22 +595,8 @@ impl Controller {
             status.last_built_at = Some(Utc::now());
         }
         let spec = &record.spec;
-        let resolved = match self.secrets.get() {
-            Some(resolver) => resolver.resolve(ns, &spec.env).await,
-            None if sless_core::secret::env_refs(&spec.env).next().is_none() => {
-                Ok(secrets::Resolved {
-                    env: spec
-                        .env
-                        .iter()
-                        .filter_map(|(k, v)| v.as_plain().map(|v| (k.clone(), v.to_string())))
-                        .collect(),
-                    ..Default::default()
-                })
-            }
-            None => Err(secrets::ResolveError::Invalid(
-                "env: this server keeps no secrets".into(),
-            )),
-        };
+        let resolved =
+            secrets::resolve_env(self.secrets.get().map(|r| r.as_ref()), ns, &spec.env).await;
         let resolved = match resolved {
             Ok(r) => r,
             Err(secrets::ResolveError::Store(e)) => return Err(e.into()),

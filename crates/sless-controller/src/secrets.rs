@@ -133,3 +133,25 @@ impl SecretResolver {
         Ok(out)
     }
 }
+
+/// Resolves `env` with `resolver`; without one (a server keeping no secrets) plain
+/// values pass and any reference is refused.
+pub async fn resolve_env(
+    resolver: Option<&SecretResolver>,
+    namespace: &str,
+    env: &BTreeMap<String, EnvValue>,
+) -> Result<Resolved, ResolveError> {
+    match resolver {
+        Some(resolver) => resolver.resolve(namespace, env).await,
+        None if sless_core::secret::env_refs(env).next().is_none() => Ok(Resolved {
+            env: env
+                .iter()
+                .filter_map(|(k, v)| v.as_plain().map(|v| (k.clone(), v.to_string())))
+                .collect(),
+            ..Default::default()
+        }),
+        None => Err(ResolveError::Invalid(
+            "env: this server keeps no secrets".into(),
+        )),
+    }
+}
