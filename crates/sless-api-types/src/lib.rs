@@ -616,6 +616,18 @@ impl PartialEq<&str> for Source {
     }
 }
 
+// --- Secrets ---
+
+/// A secret as every endpoint shows it: its keys, never a value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Secret {
+    pub name: String,
+    pub keys: Vec<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
 #[cfg(test)]
 mod tests;
 

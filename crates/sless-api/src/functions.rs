@@ -125,6 +125,7 @@ pub async fn create(
     // at the limit cannot both pass.
     let _creating = s.quotas.creating(&ns).await;
     s.quotas.check_functions(s.store.as_ref(), &ns).await?;
+    crate::secrets::check_env_refs(&s, &ns, &crate::secrets::env_refs(&spec.env)).await?;
     let now = Utc::now();
     let record = FunctionRecord {
         namespace: ns.clone(),
@@ -245,6 +246,8 @@ pub async fn patch(
         }
     }
     check_patched_minimum(&s, &ns, &before.spec, &request).await?;
+    let refs = crate::secrets::patch_refs(&request);
+    crate::secrets::check_env_refs(&s, &ns, &refs).await?;
     let record = s
         .store
         .update_function(&ns, &name, expect, FunctionChange::Patch(request))

@@ -91,6 +91,7 @@ pub async fn create(
     let mut spec: JobSpec = serde_path_to_error::deserialize(Value::Object(fields))
         .map_err(|e| ApiError::bad(spec_error(e)))?;
     spec.validate()?;
+    crate::secrets::check_env_refs(&s, &ns, &crate::secrets::env_refs(&spec.env)).await?;
     if let Some(function) = &spec.function {
         s.store
             .get_function(&ns, function)
@@ -214,6 +215,8 @@ pub async fn patch(
     if let Some(Value::String(function)) = patch.get("function") {
         crate::functions::check_exists(&s, &ns, function).await?;
     }
+    let refs = crate::secrets::patch_refs(&patch);
+    crate::secrets::check_env_refs(&s, &ns, &refs).await?;
     // Set by the attempt that was written (the edit runs once per attempt).
     let mut rerun = false;
     let job = s

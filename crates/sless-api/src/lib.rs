@@ -13,6 +13,7 @@ mod jobs;
 mod namespaces;
 pub mod openapi;
 pub mod quotas;
+mod secrets;
 mod storage;
 mod tokens;
 mod triggers;
@@ -82,6 +83,10 @@ pub struct AppState {
     pub audit: Arc<dyn AuditStore>,
     /// Per-namespace quotas: defaults, overrides, usage.
     pub quotas: Arc<quotas::Quotas>,
+    // --- Secrets ---
+    pub secret_store: Arc<dyn sless_store::SecretStore>,
+    /// The server's secret key; `None` only in tests that keep no secrets.
+    pub cipher: Option<Arc<sless_secrets::Cipher>>,
 }
 
 /// A response body: one of `sless_api_types`' shapes, as the JSON document it is sent as.
@@ -168,6 +173,12 @@ pub fn routes() -> openapi::Routes {
         .route("/v1/tokens/{id}", axum::routing::delete(tokens::delete))
         .route("/v1/tokens/admin/rotate", post(tokens::rotate_admin))
         .route("/v1/audit", get(audit::list))
+        // --- Secrets ---
+        .route("/v1/namespaces/{ns}/secrets", get(secrets::list))
+        .route(
+            "/v1/namespaces/{ns}/secrets/{name}",
+            put(secrets::put).get(secrets::get).delete(secrets::delete),
+        )
 }
 
 /// Gives every error the API answers the contract's shape `{"error": {"code",

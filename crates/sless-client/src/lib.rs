@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 
 pub use error::ClientError;
 pub use reqwest::header::HeaderMap;
+pub use types::Secret;
 pub use types::{
     CodeUploaded, Function, FunctionPhase, FunctionStatus, InstanceCounts, Invocation,
     InvocationQuery, InvokeResponse, Job, JobPhase, JobStatus, Namespace, Trigger, TriggerKind,
@@ -494,6 +495,38 @@ impl Client {
             }
             tokio::time::sleep(POLL_INTERVAL.min(timeout - waited)).await;
         }
+    }
+
+    // --- Secrets ---
+
+    /// `PUT /v1/namespaces/{ns}/secrets/{name}` with `{"data": data}`: creates or
+    /// replaces the secret; the answer lists its keys, never a value.
+    pub async fn put_secret(
+        &self,
+        ns: &str,
+        name: &str,
+        data: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Secret> {
+        let url = self.url(&["v1", "namespaces", ns, "secrets", name]);
+        let body = serde_json::json!({ "data": data });
+        let resp = self
+            .send(self.http.put(url.clone()).json(&body), &url)
+            .await?;
+        decode(resp, &url).await
+    }
+
+    /// `GET /v1/namespaces/{ns}/secrets`.
+    pub async fn list_secrets(&self, ns: &str) -> Result<Vec<Secret>> {
+        let items: Items<Secret> = self
+            .get_json(self.url(&["v1", "namespaces", ns, "secrets"]))
+            .await?;
+        Ok(items.items)
+    }
+
+    /// `DELETE /v1/namespaces/{ns}/secrets/{name}` (409 while something references it).
+    pub async fn delete_secret(&self, ns: &str, name: &str) -> Result<()> {
+        self.delete(self.url(&["v1", "namespaces", ns, "secrets", name]))
+            .await
     }
 
     /// Sends `method path` (relative to the base URL, e.g. `/v1/namespaces/x/triggers`) with an

@@ -6,6 +6,7 @@
 use bytes::Bytes;
 use reqwest::header::HeaderMap;
 
+pub use sless_api_types::Secret;
 pub use sless_api_types::{
     CodeUploaded, Function, FunctionPhase, FunctionStatus, InstanceCounts, Invocation, Items, Job,
     JobPhase, JobStatus, Namespace, Trigger, TriggerKind, TriggerResult, TriggerSpec,

@@ -47,6 +47,8 @@ pub struct Jobs {
     /// Rung after every change of a job's record this process makes.
     changes: StatusSignal,
     me: Weak<Jobs>,
+    /// Resolves the secret references of self-contained jobs (see `Controller::set_secrets`).
+    secrets: std::sync::OnceLock<Arc<crate::secrets::SecretResolver>>,
 }
 
 /// The executor pool a job runs in.
@@ -73,7 +75,13 @@ impl Jobs {
             running: Mutex::new(HashMap::new()),
             changes: StatusSignal::default(),
             me: me.clone(),
+            secrets: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Gives the jobs the secret store and key (once, at start).
+    pub fn set_secrets(&self, resolver: Arc<crate::secrets::SecretResolver>) {
+        let _ = self.secrets.set(resolver);
     }
 
     /// Runs again every job whose run had not finished when the server stopped.
@@ -349,13 +357,28 @@ impl Jobs {
                 return Ok(None);
             }
         };
+        let resolved =
+            crate::secrets::resolve_env(self.secrets.get().map(|r| r.as_ref()), ns, &spec.env)
+                .await;
+        let resolved = match resolved {
+            Ok(r) => r,
+            Err(crate::secrets::ResolveError::Store(e)) => return Err(e),
+            Err(crate::secrets::ResolveError::Invalid(message)) => {
+                fail(status, message);
+                self.set_status(ns, name, status).await?;
+                return Ok(None);
+            }
+        };
         Ok(Some(Deployment {
             namespace: ns.clone(),
             name: pool_name(name),
             revision: spec.run_id,
             family: runtime.family,
             entrypoint,
-            env: spec.env.clone(),
+            env: resolved.env,
+            secret_env: resolved.secret_env,
+            secret_files: resolved.files,
+            secrets_digest: resolved.digest,
             memory_mb: spec.memory_mb.unwrap_or(128),
             cpu: sless_executor::DEFAULT_CPU_MILLICORES,
             timeout_sec: spec.timeout_sec.unwrap_or(SELF_CONTAINED_TIMEOUT),

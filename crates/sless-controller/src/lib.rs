@@ -21,6 +21,7 @@ pub mod gc;
 pub mod jobs;
 mod policy;
 mod seams;
+pub mod secrets;
 #[cfg(test)]
 mod tests;
 pub mod triggers;
@@ -97,7 +98,11 @@ pub struct Controller {
     /// so its passes never overlap.
     work: Mutex<HashMap<Key, Work>>,
     /// The revision each function's executor pool runs, as deployed by us.
-    deployed: Mutex<HashMap<Key, u64>>,
+    /// With the digest of the secrets it was deployed with (see `secrets`).
+    deployed: Mutex<HashMap<Key, (u64, String)>>,
+    /// Resolves secret references at deploy time; unset: a function that references
+    /// a secret fails to deploy, saying so.
+    secrets: std::sync::OnceLock<Arc<secrets::SecretResolver>>,
     /// The builds each function's pool runs and ran (see [`Served`]).
     served: Mutex<HashMap<Key, Served>>,
     /// Builds of deleted functions, with when they were let go: their last
@@ -160,11 +165,25 @@ impl Controller {
             public_url: public_url.trim_end_matches('/').to_string(),
             work: Mutex::new(HashMap::new()),
             deployed: Mutex::new(HashMap::new()),
+            secrets: std::sync::OnceLock::new(),
             served: Mutex::new(HashMap::new()),
             released: Mutex::new(Vec::new()),
             retry: Mutex::new(HashSet::new()),
             failed: Arc::new(FailedFunctions::default()),
         })
+    }
+
+    /// Gives the controller the secret store and key (once, at start).
+    pub fn set_secrets(&self, resolver: Arc<secrets::SecretResolver>) {
+        let _ = self.secrets.set(resolver);
+    }
+
+    /// A secret a function references was created or replaced: the function is
+    /// reconciled (even if it had failed for want of it) and, when the secret's
+    /// version differs from what its instances run, redeployed with a rolling
+    /// replacement.
+    pub fn secret_changed(self: &Arc<Self>, namespace: &str, name: &str) {
+        self.enqueue_retry(namespace, name);
     }
 
     /// The failures the invocation pipeline reports for functions with nothing to serve.
@@ -409,7 +428,17 @@ impl Controller {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(key)
-            .copied();
+            .cloned();
+        let secrets_digest = match self.secrets.get() {
+            Some(resolver)
+                if sless_core::secret::env_refs(&record.spec.env)
+                    .next()
+                    .is_some() =>
+            {
+                resolver.digest(&key.0, &record.spec.env).await?
+            }
+            _ => String::new(),
+        };
         let settled = matches!(record.status.phase, Phase::Ready | Phase::Failed)
             && record.status.revision == record.revision;
         let retry = self
@@ -417,7 +446,7 @@ impl Controller {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(key);
-        if settled && deployed == Some(record.revision) {
+        if settled && deployed == Some((record.revision, secrets_digest)) {
             return Ok(Action::Done);
         }
         if settled && record.status.phase == Phase::Failed && !retry {
@@ -566,6 +595,16 @@ impl Controller {
             status.last_built_at = Some(Utc::now());
         }
         let spec = &record.spec;
+        let resolved =
+            secrets::resolve_env(self.secrets.get().map(|r| r.as_ref()), ns, &spec.env).await;
+        let resolved = match resolved {
+            Ok(r) => r,
+            Err(secrets::ResolveError::Store(e)) => return Err(e.into()),
+            Err(secrets::ResolveError::Invalid(message)) => {
+                sink.line("sless", &format!("revision {revision}: {message}"));
+                return Err(ReconcileError::Secret(message));
+            }
+        };
         let built = BuildRef {
             code_sha256: sha.clone(),
             build_key: output.build_key.clone(),
@@ -576,7 +615,10 @@ impl Controller {
             revision,
             family: runtime.family,
             entrypoint: spec.entrypoint.clone(),
-            env: spec.env.clone(),
+            env: resolved.env,
+            secret_env: resolved.secret_env,
+            secret_files: resolved.files,
+            secrets_digest: resolved.digest.clone(),
             memory_mb: spec.memory_mb,
             cpu: spec.cpu,
             timeout_sec: spec.timeout_sec,
@@ -598,7 +640,7 @@ impl Controller {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(key)
-            == Some(&revision)
+            == Some(&(revision, resolved.digest.clone()))
             && self.executor.is_deployed(ns, name);
         if !serving {
             match self.executor.deploy(deployment).await {
@@ -613,7 +655,7 @@ impl Controller {
             self.deployed
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(key.clone(), revision);
+                .insert(key.clone(), (revision, resolved.digest));
             {
                 let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
                 let entry = served.entry(key.clone()).or_default();

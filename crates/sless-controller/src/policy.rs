@@ -68,6 +68,11 @@ pub enum ReconcileError {
     /// stopping meanwhile); transient: the next pass sees which.
     #[error("revision {0}: the deployment was cancelled")]
     DeployCancelled(u64),
+    /// A secret reference cannot be resolved (the secret or key is gone, or does not
+    /// open with this server's key); permanent until the secret or the spec changes.
+    /// The message names the variable or secret, never a value.
+    #[error("{0}")]
+    Secret(String),
 }
 
 impl ReconcileError {
@@ -81,6 +86,7 @@ impl ReconcileError {
             ReconcileError::CodeMissing(_)
             | ReconcileError::CodeCorrupt(_)
             | ReconcileError::BuildFailed(_)
+            | ReconcileError::Secret(_)
             | ReconcileError::StartFailed { .. } => true,
             ReconcileError::Blob { .. }
             | ReconcileError::BuildServer(_)

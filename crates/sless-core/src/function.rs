@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::{Runtime, RuntimeFamily, ValidationError};
+use crate::{EnvValue, Runtime, RuntimeFamily, ValidationError};
 
 /// What a user asks for. Every field but `runtime` has the contract's default.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,8 +16,9 @@ pub struct FunctionSpec {
     pub runtime: Runtime,
     #[serde(default)]
     pub entrypoint: String,
+    /// Plain values, or references to a key of a secret of the namespace.
     #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    pub env: BTreeMap<String, EnvValue>,
     #[serde(default = "defaults::memory_mb")]
     pub memory_mb: u32,
     /// CPU time per instance in millicores (1000 = one core's worth per period).
@@ -145,13 +146,18 @@ impl FunctionSpec {
                 ));
             }
         }
-        if let Some((key, _)) = self.env.iter().find(|(_, v)| v.contains('\0')) {
+        if let Some((key, _)) = self
+            .env
+            .iter()
+            .find(|(_, v)| v.as_plain().is_some_and(|v| v.contains('\0')))
+        {
             return Err(ValidationError::new(
                 format!("env.{key}"),
                 "values may not contain NUL bytes",
             ));
         }
         validate_env_size(&self.env)?;
+        crate::secret::validate_env_refs(&self.env)?;
         range("memory_mb", self.memory_mb, 32, 4096)?;
         range("cpu", self.cpu, 50, 8000)?;
         range("timeout_sec", self.timeout_sec, 0, 900)?;
@@ -182,7 +188,7 @@ pub const ENV_MAX_BYTES: usize = 32 * 1024;
 /// The most variables a function's `env` may hold.
 pub const ENV_MAX_VARS: usize = 256;
 
-fn validate_env_size(env: &BTreeMap<String, String>) -> Result<(), ValidationError> {
+fn validate_env_size(env: &BTreeMap<String, EnvValue>) -> Result<(), ValidationError> {
     if env.len() > ENV_MAX_VARS {
         return Err(ValidationError::new(
             "env",

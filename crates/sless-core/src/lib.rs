@@ -11,6 +11,7 @@ pub mod name;
 pub mod patch;
 pub mod quota;
 pub mod runtime;
+pub mod secret;
 pub mod trigger;
 
 pub use backoff::Backoff;
@@ -19,6 +20,7 @@ pub use job::{JobPhase, JobSpec, JobStatus};
 pub use name::validate_name;
 pub use quota::{Quota, QuotaExceeded, QuotaKind, QuotaOverrides};
 pub use runtime::{Runtime, RuntimeFamily};
+pub use secret::{EnvValue, SecretRef};
 pub use trigger::{
     MissedRuns, TriggerFields, TriggerKind, TriggerResult, TriggerSpec, TriggerStatus, TriggerType,
 };

@@ -1,7 +1,7 @@
 //! One running instance: its sandboxed process, its socket and a small pool of
 //! keep-alive HTTP/1.1 connections to it (see docs/instance-protocol.md).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -71,6 +71,8 @@ pub(crate) struct SandboxInstance {
     run_dir: PathBuf,
     /// Where the function's files are linked in when a generic instance is specialised.
     slot: Option<(PathBuf, PathBuf)>,
+    /// Its `/run/secrets` on the host, and who owns the files in it.
+    secrets: Option<SecretsDir>,
     sink: Arc<SinkSlot>,
     /// Its stdout and stderr, as their pumps report on them.
     output: [Arc<Pipe>; 2],
@@ -210,6 +212,30 @@ impl SandboxInstance {
             dir: run_dir.clone(),
             source,
         })?;
+        let secrets = SecretsDir::prepare(cfg, sandbox, &id).map_err(|source| {
+            let _ = std::fs::remove_dir_all(&run_dir);
+            StartError::Prepare {
+                dir: run_dir.clone(),
+                source,
+            }
+        })?;
+        let written = match &secrets {
+            Some(dir) => dir.write(&d.secret_files),
+            None if d.secret_files.is_empty() => Ok(()),
+            None => Err(std::io::Error::other(
+                "the server has no directory for secret files (--secrets-dir)",
+            )),
+        };
+        if let Err(source) = written {
+            let _ = std::fs::remove_dir_all(&run_dir);
+            if let Some(dir) = &secrets {
+                dir.remove();
+            }
+            return Err(StartError::Prepare {
+                dir: run_dir.clone(),
+                source,
+            });
+        }
         let mut spec = process_spec(
             cfg,
             (d.family, d.network),
@@ -227,6 +253,7 @@ impl SandboxInstance {
             Arc::new(SinkSlot::new(Some(sink.clone()))),
             run_dir,
             None,
+            secrets,
             (d.family, d.network),
             d.cpu,
         )
@@ -254,6 +281,13 @@ impl SandboxInstance {
                 source,
             }
         })?;
+        let secrets = SecretsDir::prepare(cfg, sandbox, &id).map_err(|source| {
+            let _ = std::fs::remove_dir_all(&run_dir);
+            StartError::Prepare {
+                dir: run_dir.clone(),
+                source,
+            }
+        })?;
         let spec = process_spec(
             cfg,
             (family, network),
@@ -270,6 +304,7 @@ impl SandboxInstance {
             Arc::new(SinkSlot::new(None)),
             run_dir,
             Some(slot),
+            secrets,
             (family, network),
             crate::DEFAULT_CPU_MILLICORES,
         )
@@ -345,12 +380,20 @@ impl launcher::Instance for SandboxInstance {
         }
         let (src_code, src_deps) = (d.code_dir.clone(), d.deps_dir.clone());
         let (dst_code, dst_deps) = (code.clone(), deps.clone());
+        let secrets = self.secrets.clone();
+        let secret_files = d.secret_files.clone();
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             link_tree(&src_code, &dst_code)?;
             if let Some(src) = src_deps {
                 link_tree(&src, &dst_deps)?;
             }
-            Ok(())
+            match secrets {
+                Some(dir) => dir.write(&secret_files),
+                None if secret_files.is_empty() => Ok(()),
+                None => Err(std::io::Error::other(
+                    "the server has no directory for secret files (--secrets-dir)",
+                )),
+            }
         })
         .await
         .map_err(|e| SpecialiseError::Platform(e.to_string()))?
@@ -362,9 +405,17 @@ impl launcher::Instance for SandboxInstance {
             .set_cpu_millicores(d.cpu)
             .map_err(|e| SpecialiseError::Platform(format!("cannot set the CPU limit: {e}")))?;
         self.sink.set(sink.clone());
+        let mut env: serde_json::Map<String, serde_json::Value> = d
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::from(v.as_str())))
+            .collect();
+        for (k, v) in &d.secret_env {
+            env.insert(k.clone(), serde_json::Value::from(v.expose()));
+        }
         let body = serde_json::json!({
             "entrypoint": d.entrypoint,
-            "env": d.env,
+            "env": env,
             "namespace": d.namespace,
             "function": d.name,
             "revision": d.revision,
@@ -563,6 +614,7 @@ async fn launch(
     sink: Arc<SinkSlot>,
     run_dir: PathBuf,
     slot: Option<(PathBuf, PathBuf)>,
+    secrets: Option<SecretsDir>,
     (family, network): (RuntimeFamily, NetworkMode),
     cpu_millicores: u32,
 ) -> Result<Arc<SandboxInstance>, StartError> {
@@ -571,6 +623,9 @@ async fn launch(
         Ok(child) => child,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&run_dir);
+            if let Some(dir) = &secrets {
+                dir.remove();
+            }
             return Err(StartError::Spawn(e));
         }
     };
@@ -605,8 +660,13 @@ async fn launch(
         return Err(StartError::CpuLimit(e));
     }
     let (exit_tx, mut exit_rx) = watch::channel(None);
+    let secrets_on_exit = secrets.clone();
     tokio::spawn(async move {
         let exit = child.wait().await;
+        // Its secret files go with it, whatever ended it.
+        if let Some(dir) = secrets_on_exit {
+            let _ = tokio::task::spawn_blocking(move || dir.remove()).await;
+        }
         let _ = exit_tx.send(Some(exit));
         // Dropping the child removes its cgroup.
         drop(child);
@@ -677,6 +737,7 @@ async fn launch(
         socket: run_dir.join("sock").join("fn.sock"),
         run_dir,
         slot,
+        secrets,
         sink,
         output,
         conns: Mutex::new(Vec::new()),
@@ -775,11 +836,90 @@ fn prepare_run_dir(
     std::fs::set_permissions(sock_dir, std::fs::Permissions::from_mode(0o700))
 }
 
+/// An instance's `/run/secrets` on the host: `<secrets_dir>/<instance>`, 0700 and owned
+/// by the sandbox user, its files 0400; on a memory-backed filesystem.
+#[derive(Debug, Clone)]
+struct SecretsDir {
+    dir: PathBuf,
+    owner: Option<(u32, u32)>,
+}
+
+impl SecretsDir {
+    /// Creates the (empty) directory when the server keeps secret files.
+    fn prepare(
+        cfg: &ExecutorConfig,
+        sandbox: &Sandbox,
+        id: &str,
+    ) -> std::io::Result<Option<SecretsDir>> {
+        let Some(root) = &cfg.secrets_dir else {
+            return Ok(None);
+        };
+        let me = SecretsDir {
+            dir: root.join(id),
+            owner: sandbox.program_owner(),
+        };
+        me.make_dir(&me.dir)?;
+        Ok(Some(me))
+    }
+
+    fn make_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        std::fs::DirBuilder::new().mode(0o700).create(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        self.chown(dir)
+    }
+
+    fn chown(&self, path: &std::path::Path) -> std::io::Result<()> {
+        match self.owner {
+            Some((uid, gid)) => std::os::unix::fs::chown(path, Some(uid), Some(gid)),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes `/run/secrets/{secret}/{key}` for every key (names were validated as
+    /// file names when the secret and the function were written).
+    fn write(
+        &self,
+        files: &BTreeMap<String, BTreeMap<String, sless_core::secret::Sensitive>>,
+    ) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        for (secret, keys) in files {
+            let dir = self.dir.join(secret);
+            self.make_dir(&dir)?;
+            for (key, value) in keys {
+                let path = dir.join(key);
+                let mut file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o400)
+                    .open(&path)?;
+                file.write_all(value.expose().as_bytes())?;
+                self.chown(&path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Best effort: the whole secrets directory is removed at the next start anyway.
+    fn remove(&self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// The function-specific environment of a cold-started instance (a generic
 /// instance gets the same through its load request).
 fn function_env(d: &Deployment) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> =
-        d.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut env: Vec<(String, String)> = d
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .chain(
+            d.secret_env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.expose().to_string())),
+        )
+        .collect();
     for (k, v) in [
         ("SLESS_ENTRYPOINT", d.entrypoint.clone()),
         ("SLESS_CONCURRENCY", d.concurrency.to_string()),
@@ -840,6 +980,13 @@ fn process_spec(
         mounts.push(Mount {
             source: deps.to_path_buf(),
             target: "/deps".into(),
+            writable: false,
+        });
+    }
+    if let Some(dir) = &cfg.secrets_dir {
+        mounts.push(Mount {
+            source: dir.join(id),
+            target: "/run/secrets".into(),
             writable: false,
         });
     }

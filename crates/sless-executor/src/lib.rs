@@ -70,6 +70,11 @@ pub struct ExecutorConfig {
     /// [`LIVENESS_FAILURES`] checks in a row go unanswered its serving loop counts as
     /// stopped (see `liveness`). `None` never checks.
     pub liveness_period: Option<Duration>,
+    /// Host directory on a memory-backed filesystem (e.g. under `/dev/shm`) for the
+    /// files of the secrets instances read: `<dir>/<instance>/{secret}/{key}`, bind-mounted
+    /// read-only at `/run/secrets`, removed when the instance stops. `None`: no
+    /// `/run/secrets` (a deployment with secret files then fails to start).
+    pub secrets_dir: Option<PathBuf>,
 }
 
 /// CPU limit of an instance when nothing else says: the function spec's default.
@@ -102,6 +107,13 @@ pub struct Deployment {
     pub network: NetworkMode,
     pub code_dir: PathBuf,
     pub deps_dir: Option<PathBuf>,
+    /// Environment variables whose values come from secrets (their `Debug` is redacted).
+    pub secret_env: BTreeMap<String, sless_core::secret::Sensitive>,
+    /// Every key of every secret the function references: secret → key → value, the
+    /// files of `/run/secrets/{secret}/{key}`.
+    pub secret_files: BTreeMap<String, BTreeMap<String, sless_core::secret::Sensitive>>,
+    /// Changes whenever one of those secrets is replaced (empty without secrets).
+    pub secrets_digest: String,
 }
 
 /// Why a deployment could not be made to serve.
@@ -185,6 +197,15 @@ impl Executor {
             std::fs::remove_dir_all(&cfg.run_dir)?;
         }
         std::fs::create_dir_all(&cfg.run_dir)?;
+        if let Some(dir) = &cfg.secrets_dir {
+            // The server's alone; each instance's directory in it belongs to the sandbox user.
+            use std::os::unix::fs::PermissionsExt;
+            if dir.exists() {
+                std::fs::remove_dir_all(dir)?;
+            }
+            std::fs::create_dir_all(dir)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
         let cfg = Arc::new(cfg);
         let next_instance = Arc::new(AtomicU64::new(1));
         let launcher = Arc::new(SandboxLauncher {

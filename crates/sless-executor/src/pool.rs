@@ -351,7 +351,8 @@ impl<L: Launcher> Pool<L> {
                 Ok(instance) => {
                     pool.watch(&instance, reservation);
                     let current = st.deployment.revision == d.revision
-                        && st.deployment.code_dir == d.code_dir;
+                        && st.deployment.code_dir == d.code_dir
+                        && st.deployment.secrets_digest == d.secrets_digest;
                     if st.closed || !current || st.deployment.paused {
                         pool.drain(&mut st, instance);
                     } else {

@@ -433,6 +433,15 @@ impl Sandbox {
     /// Makes `dir` owned by the sandbox uid/gid, so a writable mount of it is writable
     /// inside (for example the directory of the instance socket, or a build's output).
     /// Not recursive. A no-op when not root, where the sandbox runs as the server user.
+    /// The uid and gid sandboxed programs run as, when the server is root (else they
+    /// run as the server's own user).
+    pub fn program_owner(&self) -> Option<(u32, u32)> {
+        match &self.privilege {
+            Privilege::Root { uid, gid, .. } => Some((*uid, *gid)),
+            Privilege::Unprivileged => None,
+        }
+    }
+
     pub fn grant_write(&self, dir: &Path) -> Result<(), SandboxError> {
         match &self.privilege {
             Privilege::Root { uid, gid, .. } => {

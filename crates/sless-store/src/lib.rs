@@ -13,6 +13,7 @@ mod cas;
 mod invocations;
 mod jobs;
 mod quotas;
+mod secrets;
 mod sqlite;
 mod storage;
 mod tokens;
@@ -27,6 +28,7 @@ pub use invocations::{
 };
 pub use jobs::{JobRecord, JobStore};
 pub use quotas::QuotaStore;
+pub use secrets::{SecretRecord, SecretReferences, SecretStore};
 /// The record types, where the listing's callers expect them.
 pub use sless_core::invocation::{InvocationRecord, InvocationSource};
 pub use sqlite::SqliteStore;

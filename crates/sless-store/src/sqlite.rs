@@ -172,6 +172,7 @@ impl Store for SqliteStore {
         for table in [
             "DELETE FROM triggers WHERE namespace = ?",
             "DELETE FROM jobs WHERE namespace = ?",
+            "DELETE FROM secrets WHERE namespace = ?",
         ] {
             sqlx::query(table).bind(name).execute(&mut *tx).await?;
         }
@@ -480,7 +481,10 @@ mod tests {
             )
             .await
             .unwrap();
-        assert_eq!((r.revision, r.spec.env["A"].as_str()), (2, "x"));
+        assert_eq!(
+            (r.revision, r.spec.env["A"].as_plain().unwrap_or_default()),
+            (2, "x")
+        );
         let r = store
             .update_function(
                 "default",

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use sless::cli::{Ctx, GlobalArgs, admin, deploy, functions, invocations, jobs, triggers};
+use sless::cli::{Ctx, GlobalArgs, admin, deploy, functions, invocations, jobs, secrets, triggers};
 use sless::serve;
 
 /// sless — serverless functions on one machine.
@@ -56,6 +56,9 @@ enum Command {
     /// Run one-shot jobs, list them and see their results.
     #[command(subcommand, alias = "jobs")]
     Job(jobs::JobCommand),
+    /// Set, list and delete secrets (values functions read from env and /run/secrets).
+    #[command(subcommand, alias = "secrets")]
+    Secret(secrets::SecretCommand),
     /// List recent invocations, newest first.
     Invocations(invocations::InvocationsArgs),
     /// Create, list and delete namespaces.
@@ -97,6 +100,7 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Rm(args) => functions::rm(ctx, args).await,
         Command::Trigger(command) => triggers::run(ctx, command).await,
         Command::Job(command) => jobs::run(ctx, command).await,
+        Command::Secret(command) => secrets::run(ctx, command).await,
         Command::Invocations(args) => invocations::run(ctx, args).await,
         Command::Ns(command) => admin::ns(ctx, command).await,
         Command::Token(command) => admin::token(ctx, command).await,

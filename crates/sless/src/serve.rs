@@ -225,6 +225,14 @@ pub struct ServeArgs {
     #[arg(long, env = "SLESS_AUTH_FAILURES_PER_MINUTE", default_value_t = 20,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub auth_failures_per_minute: u32,
+    // --- Secrets ---
+    /// Memory-backed host directory under which the server keeps the files instances
+    /// read at /run/secrets/{secret}/{key}: in <DIR>/<server id>-secrets, one
+    /// subdirectory per instance, removed when it stops. Default: /dev/shm. The server's key comes from
+    /// SLESS_SECRET_KEY (64 hex characters or base64 of 32 bytes) or
+    /// <data-dir>/secret.key, generated on first start.
+    #[arg(long, env = "SLESS_SECRETS_DIR", value_name = "DIR")]
+    pub secrets_dir: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -442,6 +450,17 @@ async fn build(args: ServeArgs) -> Result<Server> {
     }
     create_private_dir(&data_dir)?;
     let admin_token = admin_token(&data_dir)?;
+    // Before anything starts: a key that is malformed or unsafe stops the server.
+    let cipher = Arc::new(
+        sless_secrets::Cipher::load(std::env::var("SLESS_SECRET_KEY").ok().as_deref(), &data_dir)
+            .context("cannot load the secret key")?,
+    );
+    // A directory of this server's own inside the one given: it is emptied at start.
+    let secrets_dir = args
+        .secrets_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/dev/shm"))
+        .join(format!("{}-secrets", cgroup_name(&data_dir)));
 
     let sqlite = Arc::new(
         SqliteStore::open(&data_dir.join("sless.db"))
@@ -452,6 +471,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
     let record_sink: Arc<dyn RecordSink> = sqlite.clone();
     let trigger_store: Arc<dyn TriggerStore> = sqlite.clone();
     let job_store: Arc<dyn JobStore> = sqlite.clone();
+    let secret_store: Arc<dyn sless_store::SecretStore> = sqlite.clone();
     let storage_store: Arc<dyn sless_store::StorageStore> = sqlite.clone();
     let token_store: Arc<dyn sless_store::TokenStore> = sqlite.clone();
     let audit_store: Arc<dyn sless_store::AuditStore> = sqlite.clone();
@@ -524,6 +544,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
                 .then(|| Duration::from_millis(args.freeze_idle_ms)),
             liveness_period: (args.liveness_period_ms > 0)
                 .then(|| Duration::from_millis(args.liveness_period_ms)),
+            secrets_dir: Some(secrets_dir),
         },
         sandbox.clone(),
         logs.clone(),
@@ -640,6 +661,13 @@ async fn build(args: ServeArgs) -> Result<Server> {
     )
     .await
     .context("cannot read the namespaces' quotas")?;
+    let resolver = Arc::new(sless_controller::secrets::SecretResolver::new(
+        secret_store.clone(),
+        cipher.clone(),
+    ));
+    controller.set_secrets(resolver.clone());
+    jobs.set_secrets(resolver);
+
     let api = sless_api::router(AppState {
         store: store.clone(),
         blobs,
@@ -667,6 +695,8 @@ async fn build(args: ServeArgs) -> Result<Server> {
         token_store,
         audit: audit_store,
         quotas,
+        secret_store: secret_store.clone(),
+        cipher: Some(cipher.clone()),
     });
     let gateway = sless_gateway::Gateway {
         invoker,

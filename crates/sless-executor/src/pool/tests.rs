@@ -32,6 +32,7 @@ fn config(max_queue: usize) -> ExecutorConfig {
         prewarm_per_runtime: 0,
         freeze_after: None,
         liveness_period: None,
+        secrets_dir: None,
     }
 }
 
@@ -55,6 +56,9 @@ fn deployment(revision: u64) -> Deployment {
         network: Default::default(),
         code_dir: format!("/nonexistent/code/{revision}").into(),
         deps_dir: None,
+        secret_env: Default::default(),
+        secret_files: Default::default(),
+        secrets_digest: String::new(),
     }
 }
 

@@ -52,6 +52,10 @@ pub struct DeployArgs {
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
 
+    /// Environment variable from a secret's key (sless secret set); repeat for several.
+    #[arg(long = "env-secret", value_name = "VAR=SECRET/KEY", value_parser = parse_env_secret)]
+    pub env_secret: Vec<(String, String, String)>,
+
     /// Memory limit in MiB (32..4096).
     #[arg(long, value_name = "MB")]
     pub memory: Option<u32>,
@@ -91,6 +95,18 @@ pub struct DeployArgs {
     /// Give up waiting after this many seconds.
     #[arg(long, value_name = "SEC", default_value_t = 600)]
     pub wait_timeout: u64,
+}
+
+/// Parses one `--env-secret VAR=SECRET/KEY`.
+pub fn parse_env_secret(s: &str) -> Result<(String, String, String), String> {
+    let (var, reference) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected VAR=SECRET/KEY, got {s:?}"))?;
+    let (secret, key) = reference
+        .split_once('/')
+        .filter(|(secret, key)| !secret.is_empty() && !key.is_empty())
+        .ok_or_else(|| format!("expected VAR=SECRET/KEY, got {s:?}"))?;
+    Ok((var.to_string(), secret.to_string(), key.to_string()))
 }
 
 /// Parses one `--env KEY=VALUE`; the value may itself contain `=`.
@@ -251,7 +267,7 @@ pub fn plan(args: &DeployArgs) -> anyhow::Result<Plan> {
     set("concurrency", args.concurrency.map(Value::from));
     set("idle_timeout_sec", args.idle_timeout.map(Value::from));
     set("private", args.private.then_some(Value::Bool(true)));
-    if !args.env.is_empty() {
+    if !args.env.is_empty() || !args.env_secret.is_empty() {
         let env = spec
             .entry("env")
             .or_insert_with(|| Value::Object(Map::new()));
@@ -260,6 +276,12 @@ pub fn plan(args: &DeployArgs) -> anyhow::Result<Plan> {
         };
         for (key, value) in &args.env {
             env.insert(key.clone(), Value::from(value.as_str()));
+        }
+        for (var, secret, key) in &args.env_secret {
+            env.insert(
+                var.clone(),
+                serde_json::json!({"secret": secret, "key": key}),
+            );
         }
     }
 

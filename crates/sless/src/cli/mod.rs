@@ -6,6 +6,7 @@ pub mod deploy;
 pub mod functions;
 pub mod invocations;
 pub mod jobs;
+pub mod secrets;
 pub mod table;
 pub mod triggers;
 

@@ -29,4 +29,5 @@ mod records;
 mod sandbox;
 mod scaling;
 mod tls;
+mod secrets;
 mod triggers;
