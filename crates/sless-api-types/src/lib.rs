@@ -619,7 +619,7 @@ impl PartialEq<&str> for Source {
 // --- Secrets ---
 
 /// A secret as every endpoint shows it: its keys, never a value.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct Secret {
     pub name: String,
@@ -634,7 +634,7 @@ mod tests;
 // Token listing, admin rotation and the audit log.
 
 /// One item of `GET /v1/tokens`: a namespace token, never its value or hash.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct TokenInfo {
     /// Stable, and tells nothing about the value; `DELETE /v1/tokens/{id}` revokes it.
@@ -646,14 +646,14 @@ pub struct TokenInfo {
 }
 
 /// `POST /v1/tokens/admin/rotate`: the new admin token, shown this once.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct AdminToken {
     pub token: String,
 }
 
 /// The object an audit entry's request acted on.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct AuditObject {
     /// `namespace`, `function`, `trigger`, `job`, `secret`, `token`, ...
@@ -663,7 +663,7 @@ pub struct AuditObject {
 }
 
 /// One item of `GET /v1/audit`: a control-plane request and its outcome (never its body).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct AuditEntry {
     pub id: String,
@@ -683,7 +683,7 @@ pub struct AuditEntry {
 
 /// Quotas: `GET /v1/namespaces/{ns}` (and `PUT`) answers with the namespace, the
 /// quotas in force for it and what it uses now.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct NamespaceDetail {
     pub name: String,
@@ -693,7 +693,7 @@ pub struct NamespaceDetail {
 }
 
 /// One number per quota: the limits in force, or the current usage.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct QuotaCounts {
     pub functions: u64,

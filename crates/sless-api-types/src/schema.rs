@@ -36,11 +36,20 @@ macro_rules! json_schema {
     };
 }
 
+/// `env`: each value a string, or a reference to a key of a secret of the namespace.
+fn env_schema() -> Value {
+    json!({"type": "object", "additionalProperties": {"oneOf": [
+        {"type": "string"},
+        {"type": "object", "required": ["secret", "key"], "additionalProperties": false,
+         "properties": {"secret": {"type": "string", "pattern": NAME_PATTERN}, "key": {"type": "string"}}}
+    ]}})
+}
+
 fn function_spec_properties() -> Value {
     json!({
         "runtime": {"type": "string", "pattern": RUNTIME_PATTERN, "description": "python3, nodejs, go or custom; a version alias such as python3.11 or nodejs20 is accepted"},
         "entrypoint": {"type": "string", "description": "python3/nodejs: module.function; go: an identifier; custom: empty"},
-        "env": {"type": "object", "additionalProperties": {"type": "string"}},
+        "env": env_schema(),
         "memory_mb": {"type": "integer", "minimum": 32, "maximum": 4096},
         "cpu": {"type": "integer", "minimum": 50, "maximum": 8000, "description": "millicores"},
         "timeout_sec": {"type": "integer", "minimum": 0, "maximum": 900},
@@ -59,7 +68,7 @@ fn job_spec_properties() -> Value {
         "function": {"type": "string", "pattern": NAME_PATTERN, "description": "the function the job runs (it must exist); absent for a self-contained job"},
         "runtime": {"type": "string", "pattern": RUNTIME_PATTERN, "description": "self-contained jobs: the runtime of the uploaded code"},
         "entrypoint": {"type": "string"},
-        "env": {"type": "object", "additionalProperties": {"type": "string"}},
+        "env": env_schema(),
         "memory_mb": {"type": "integer", "minimum": 0},
         "event": {"type": null, "description": "the event the handler gets"},
         "run_id": {"type": "integer", "minimum": 0, "description": "raise it to run again; 0: do not run"},
@@ -252,6 +261,34 @@ json_schema!(
 );
 
 json_schema!(
+    /// `PUT .../secrets/{name}`: every key of the secret with its value.
+    SecretPut,
+    json!({
+        "type": "object",
+        "required": ["data"],
+        "additionalProperties": false,
+        "properties": {"data": {"type": "object", "additionalProperties": {"type": "string"}}}
+    })
+);
+
+json_schema!(
+    /// `PUT /v1/namespaces/{ns}`: optionally the namespace's quotas (admins only);
+    /// a field set to `null` goes back to the server's default.
+    NamespacePut,
+    {
+        let q = json!({"type": ["integer", "null"], "minimum": 0});
+        json!({
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {"quota": {"type": "object", "additionalProperties": false, "properties": {
+                "functions": q, "instances": q, "memory_mb": q, "invocations_per_sec": q,
+                "queued_calls": q, "devices": q, "storage_mb": q
+            }}}
+        })
+    }
+);
+
+json_schema!(
     /// A code upload: `multipart/form-data` with the zip archive in field `code`.
     CodeUpload,
     json!({
@@ -278,6 +315,8 @@ mod tests {
         crate::Function::<serde_json::Value>::schema();
         crate::Job::<serde_json::Value>::schema();
         crate::Trigger::schema();
+        super::SecretPut::schema();
+        super::NamespacePut::schema();
         super::FunctionCreate::schema();
         super::FunctionPatch::schema();
         super::TriggerCreate::schema();

@@ -229,6 +229,13 @@ pub struct ListQuery {
 
 /// `GET /v1/audit?namespace=&since=&limit=` (admins only; to others, like `POST
 /// /v1/tokens`, it does not exist): entries newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/audit",
+    tag = "audit",
+    params(crate::openapi::AuditParams),
+    responses((status = 200, description = "Control-plane changes, newest first", body = sless_api_types::Items<sless_api_types::AuditEntry>), crate::openapi::ReadErrors)
+)]
 pub async fn list(
     State(s): State<AppState>,
     caller: Caller,

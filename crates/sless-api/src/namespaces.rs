@@ -76,7 +76,7 @@ async fn namespace_detail(
     path = "/v1/namespaces/{ns}",
     tag = "namespaces",
     params(crate::openapi::NsPath),
-    responses((status = 200, description = "The namespace", body = sless_api_types::Namespace), crate::openapi::ReadErrors)
+    responses((status = 200, description = "The namespace, its quotas and its usage", body = sless_api_types::NamespaceDetail), crate::openapi::ReadErrors)
 )]
 pub async fn get(
     State(s): State<AppState>,
@@ -95,7 +95,8 @@ pub async fn get(
     path = "/v1/namespaces/{ns}",
     tag = "namespaces",
     params(crate::openapi::NsPath),
-    responses((status = 200, description = "It already existed", body = sless_api_types::Namespace), (status = 201, description = "Created", body = sless_api_types::Namespace), crate::openapi::WriteErrors)
+    request_body(content = Option<sless_api_types::schema::NamespacePut>, content_type = "application/json", description = "Optional; only an admin may set quotas"),
+    responses((status = 200, description = "It already existed", body = sless_api_types::NamespaceDetail), (status = 201, description = "Created", body = sless_api_types::NamespaceDetail), (status = 403, description = "A namespace token or JWT tried to set quotas", body = sless_api_types::ErrorBody), crate::openapi::WriteErrors)
 )]
 pub async fn ensure(
     State(s): State<AppState>,

@@ -119,6 +119,14 @@ pub async fn serve() -> Response {
         crate::jobs::patch,
         crate::jobs::delete,
         crate::jobs::upload_code,
+        crate::tokens::list,
+        crate::tokens::delete,
+        crate::tokens::rotate_admin,
+        crate::audit::list,
+        crate::secrets::list,
+        crate::secrets::put,
+        crate::secrets::get,
+        crate::secrets::delete,
     ),
     components(schemas(ErrorBody, sless_api_types::ErrorDetail)),
     modifiers(&Bearer),
@@ -130,6 +138,8 @@ pub async fn serve() -> Response {
         (name = "invocations", description = "Invocation records"),
         (name = "triggers", description = "HTTP, cron and queue triggers"),
         (name = "jobs", description = "One-shot runs"),
+        (name = "secrets", description = "Encrypted secrets: names and keys are shown, values never"),
+        (name = "audit", description = "The audit log of control-plane changes (admins only)"),
     )
 )]
 pub struct ApiDoc;
@@ -301,6 +311,34 @@ pub struct InvocationParams {
     )]
     since: Option<String>,
     /// At most this many, newest first (1 to 1000).
+    #[param(pattern = "^(|[1-9][0-9]{0,2}|1000)$")]
+    limit: Option<String>,
+}
+
+/// `GET /v1/tokens?namespace=`.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub struct TokenListParams {
+    /// Only this namespace's tokens (an admin; others see only their own namespace's).
+    #[param(pattern = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$")]
+    namespace: Option<String>,
+}
+
+/// `GET /v1/audit` filters; an empty value filters nothing.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub struct AuditParams {
+    /// Only this namespace's entries.
+    #[param(pattern = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$")]
+    namespace: Option<String>,
+    /// Only entries at or after this time (RFC 3339, such as `2025-01-31T12:00:00Z`).
+    #[param(
+        pattern = r"^(|[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))$"
+    )]
+    since: Option<String>,
+    /// At most this many, newest first (1 to 1000; default 100).
     #[param(pattern = "^(|[1-9][0-9]{0,2}|1000)$")]
     limit: Option<String>,
 }

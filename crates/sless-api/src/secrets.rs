@@ -44,6 +44,14 @@ fn cipher(s: &AppState) -> Result<&sless_secrets::Cipher, ApiError> {
         .ok_or_else(|| ApiError::Unavailable("this server keeps no secrets".into()))
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/namespaces/{ns}/secrets/{name}",
+    tag = "secrets",
+    params(crate::openapi::NsNamePath),
+    request_body(content = sless_api_types::schema::SecretPut, content_type = "application/json"),
+    responses((status = 200, description = "Replaced", body = sless_api_types::Secret), (status = 201, description = "Created", body = sless_api_types::Secret), crate::openapi::WriteErrors)
+)]
 pub async fn put(
     State(s): State<AppState>,
     caller: Caller,
@@ -117,6 +125,13 @@ pub async fn put(
     Ok((status, body(&secret_body(&record))?).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{ns}/secrets",
+    tag = "secrets",
+    params(crate::openapi::NsPath),
+    responses((status = 200, description = "The namespace's secrets: names and keys, never values", body = sless_api_types::Items<sless_api_types::Secret>), crate::openapi::ReadErrors)
+)]
 pub async fn list(
     State(s): State<AppState>,
     caller: Caller,
@@ -134,6 +149,13 @@ pub async fn list(
     body(&Items::new(items))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{ns}/secrets/{name}",
+    tag = "secrets",
+    params(crate::openapi::NsNamePath),
+    responses((status = 200, description = "The secret's keys, never its values", body = sless_api_types::Secret), crate::openapi::ReadErrors)
+)]
 pub async fn get(
     State(s): State<AppState>,
     caller: Caller,
@@ -143,6 +165,13 @@ pub async fn get(
     body(&secret_body(&s.secret_store.get_secret(&ns, &name).await?))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/namespaces/{ns}/secrets/{name}",
+    tag = "secrets",
+    params(crate::openapi::NsNamePath),
+    responses((status = 204, description = "Deleted"), crate::openapi::DeleteErrors)
+)]
 pub async fn delete(
     State(s): State<AppState>,
     caller: Caller,

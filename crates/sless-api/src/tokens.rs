@@ -19,6 +19,13 @@ pub struct ListQuery {
 
 /// `GET /v1/tokens[?namespace=]`: every token for an admin (or one namespace's), the
 /// caller's own namespace's for anyone else.
+#[utoipa::path(
+    get,
+    path = "/v1/tokens",
+    tag = "namespaces",
+    params(crate::openapi::TokenListParams),
+    responses((status = 200, description = "Namespace tokens: ids, never values", body = sless_api_types::Items<sless_api_types::TokenInfo>), crate::openapi::ReadErrors)
+)]
 pub async fn list(
     State(s): State<AppState>,
     caller: Caller,
@@ -47,6 +54,13 @@ pub async fn list(
 
 /// `DELETE /v1/tokens/{id}`: revoked at once (the token cache is dropped). Another
 /// namespace's token is `404`, as an unknown id is.
+#[utoipa::path(
+    delete,
+    path = "/v1/tokens/{id}",
+    tag = "namespaces",
+    params(("id" = String, Path, description = "The token's id, as `GET /v1/tokens` lists it", pattern = "^[0-9a-f]{12}$", example = "0123456789ab")),
+    responses((status = 204, description = "Revoked: refused from the next request on"), crate::openapi::DeleteErrors)
+)]
 pub async fn delete(
     State(s): State<AppState>,
     caller: Caller,
@@ -61,6 +75,12 @@ pub async fn delete(
 
 /// `POST /v1/tokens/admin/rotate` (admins only; to others it does not exist, as
 /// `POST /v1/tokens`): a new admin token, effective at once; the old one is refused.
+#[utoipa::path(
+    post,
+    path = "/v1/tokens/admin/rotate",
+    tag = "namespaces",
+    responses((status = 201, description = "The new admin token, shown this once; the old one is refused from now on", body = sless_api_types::AdminToken), crate::openapi::WriteErrors)
+)]
 pub async fn rotate_admin(State(s): State<AppState>, caller: Caller) -> Result<Response, ApiError> {
     if !caller.is_admin() {
         return Err(ApiError::NotFound("no such endpoint".into()));

@@ -569,7 +569,8 @@ async fn build(args: ServeArgs) -> Result<Server> {
             std::time::Duration::from_secs(60),
             10_000,
         ),
-    ).with_token_store(token_store.clone());
+    )
+    .with_token_store(token_store.clone());
     // An admin token set by SLESS_ADMIN_TOKEN cannot be rotated by the server.
     if !admin_token_from_env() {
         tokens = tokens.with_admin_file(data_dir.join("admin-token"));

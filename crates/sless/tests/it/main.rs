@@ -28,6 +28,6 @@ mod quotas;
 mod records;
 mod sandbox;
 mod scaling;
-mod tls;
 mod secrets;
+mod tls;
 mod triggers;
