@@ -535,6 +535,31 @@ async fn a_jwt_calls_the_private_functions_of_its_namespace_only() {
     // As for any token the gateway refuses: the function is not shown to exist.
     assert_eq!(call(Some(hs256(&expired))).await.0, 404);
     assert_eq!(call(Some("sless_unknown".into())).await.0, 404);
+
+    // Frank's changes are in the audit log under his subject, with what, where and the outcome.
+    as_frank
+        .patch_function("frank", "hello", &json!({"env": {"GREETING": "hi"}}))
+        .await
+        .unwrap();
+    as_frank.delete_function("frank", "hello").await.unwrap();
+    let entries = server
+        .client
+        .list_audit(Some("frank"), None, Some(100))
+        .await
+        .unwrap();
+    for action in ["function.create", "function.patch", "function.delete"] {
+        let entry = entries
+            .iter()
+            .find(|e| e.action == action)
+            .unwrap_or_else(|| panic!("no {action} in {entries:?}"));
+        assert_eq!(entry.actor, "jwt:frank", "{entry:?}");
+        assert_eq!(entry.object.kind, "function", "{entry:?}");
+        assert_eq!(entry.object.name.as_deref(), Some("hello"), "{entry:?}");
+        assert_eq!(entry.address.as_deref(), Some("127.0.0.1"), "{entry:?}");
+        assert!((200..300).contains(&entry.status), "{entry:?}");
+    }
+    // The JWT cannot read the audit log itself.
+    assert_eq!(get(&server, &frank, "/v1/audit").await.0, 404);
 }
 
 /// A JWKS file with a P-256 key (ES256) and an Ed25519 key (EdDSA); the private
