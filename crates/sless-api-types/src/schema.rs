@@ -21,6 +21,10 @@ pub const NAME_PATTERN: &str = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$";
 /// optional version of digits and dots.
 pub const RUNTIME_PATTERN: &str = r"^(python3\.?(\.?[0-9]+)*|python\.?(\.[0-9]+|[013-9][0-9]*)(\.?[0-9]+)*|(nodejs|node|go)\.?(\.?[0-9]+)*|custom\.?)$";
 
+/// A secret's key, as `sless_core::secret::validate_key` accepts it: letters, digits,
+/// `_`, `.` and `-`, starting with a letter or `_`, never two dots in a row.
+pub const SECRET_KEY_PATTERN: &str = r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*\.?$";
+
 macro_rules! json_schema {
     ($(#[$doc:meta])* $name:ident, $schema:expr) => {
         $(#[$doc])*
@@ -267,7 +271,13 @@ json_schema!(
         "type": "object",
         "required": ["data"],
         "additionalProperties": false,
-        "properties": {"data": {"type": "object", "additionalProperties": {"type": "string"}}}
+        "properties": {"data": {
+            "type": "object",
+            "minProperties": 1,
+            "maxProperties": 256,
+            "propertyNames": {"type": "string", "pattern": SECRET_KEY_PATTERN, "maxLength": 253},
+            "additionalProperties": {"type": "string", "pattern": "^[^\\u0000]*$", "maxLength": 16384}
+        }}
     })
 );
 

@@ -164,6 +164,10 @@ async fn quota_request(
     }
     let value: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad(format!("body is not valid JSON: {e}")))?;
+    // `null`, like no body, asks for nothing but the namespace.
+    if value.is_null() {
+        return Ok(None);
+    }
     let Some(fields) = value.as_object() else {
         return Err(ApiError::bad("body: must be a JSON object"));
     };

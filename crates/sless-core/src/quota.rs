@@ -157,6 +157,16 @@ pub struct QuotaExceeded {
     pub used: u64,
 }
 
+/// A JSON number that is a non-negative whole number: `3`, and also `3.0` (JSON
+/// Schema's `integer` includes it, and some encoders write whole numbers so).
+fn whole_number(v: &Value) -> Option<u64> {
+    v.as_u64().or_else(|| {
+        v.as_f64()
+            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < u64::MAX as f64)
+            .map(|f| f as u64)
+    })
+}
+
 /// The quotas an admin set for one namespace; the others are the server's defaults.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QuotaOverrides(pub BTreeMap<QuotaKind, u64>);
@@ -195,7 +205,7 @@ impl QuotaOverrides {
                 Value::Null => {
                     next.remove(&kind);
                 }
-                v => match v.as_u64() {
+                v => match whole_number(v) {
                     Some(n) => {
                         next.insert(kind, n);
                     }
@@ -248,6 +258,9 @@ mod tests {
         assert_eq!(q.functions, Quota::default().functions);
         assert_eq!(q.instances, 2);
         assert_eq!(q.memory_mb, 512);
+        // A whole number written as a float is that number.
+        o.merge(&json!({"devices": 40.0})).unwrap();
+        assert_eq!(o.0.get(&QuotaKind::Devices), Some(&40));
         let back = QuotaOverrides::from_json(&o.to_json()).unwrap();
         assert_eq!(back, o);
     }
@@ -259,6 +272,8 @@ mod tests {
         for (patch, field) in [
             (json!({"functions": -1}), "quota.functions"),
             (json!({"functions": 1.5}), "quota.functions"),
+            (json!({"functions": -2.0}), "quota.functions"),
+            (json!({"functions": 1e300}), "quota.functions"),
             (json!({"instances": "3"}), "quota.instances"),
             (json!({"cpus": 3, "devices": 1}), "quota.cpus"),
             (json!([1]), "quota"),

@@ -44,6 +44,43 @@ async fn namespace_errors() {
         .await;
     app.expect(Req::new(Method::PUT, "/v1/namespaces/team-a"), 200)
         .await;
+    // A JSON `null` body asks for nothing more than no body does.
+    let answer = app
+        .expect(
+            Req::json(Method::PUT, "/v1/namespaces/team-a", &json!(null)),
+            200,
+        )
+        .await;
+    assert_eq!(answer["name"], "team-a", "{answer}");
+    app.expect_error(
+        Req::json(Method::PUT, "/v1/namespaces/team-a", &json!([1])),
+        400,
+        "invalid",
+        &["body"],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_tenancy_endpoints_refuse_callers_without_credentials() {
+    let app = App::start().await;
+    let secret = "/v1/namespaces/default/secrets/db";
+    for req in [
+        Req::get("/v1/tokens"),
+        Req::delete("/v1/tokens/0123456789ab"),
+        Req::new(Method::POST, "/v1/tokens/admin/rotate"),
+        Req::get("/v1/audit"),
+        Req::get("/v1/namespaces/default/secrets"),
+        Req::json(Method::PUT, secret, &json!({"data": {"K": "v"}})),
+        Req::get(secret),
+        Req::delete(secret),
+    ] {
+        app.expect_error(req.token(None), 401, "unauthorized", &["Authorization"])
+            .await;
+    }
+    // Nothing was written.
+    app.expect_error(Req::get(secret), 404, "not_found", &["db"])
+        .await;
 }
 
 #[tokio::test]
