@@ -283,6 +283,17 @@ async fn readyz(State(s): State<AppState>) -> Response {
     }
 }
 
+/// The media type of a request's `Content-Type`, lowercased, without parameters
+/// (`""` when there is none).
+pub(crate) fn media_type(headers: &axum::http::HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .unwrap_or_default()
+}
+
 /// A JSON request body: checks the content type (`415`), the size (`413`) and the
 /// syntax (`400`, naming what is wrong).
 pub struct JsonBody(pub Value);
@@ -291,18 +302,7 @@ impl FromRequest<AppState> for JsonBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        let content_type = req
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(|v| {
-                v.split(';')
-                    .next()
-                    .unwrap_or("")
-                    .trim()
-                    .to_ascii_lowercase()
-            })
-            .unwrap_or_default();
+        let content_type = media_type(req.headers());
         if content_type != "application/json" && content_type != "application/merge-patch+json" {
             return Err(ApiError::UnsupportedMediaType(format!(
                 "expected Content-Type: application/json, got {:?}",

@@ -136,18 +136,7 @@ async fn quota_request(
     s: &AppState,
     request: axum::extract::Request,
 ) -> Result<Option<Value>, ApiError> {
-    let content_type = request
-        .headers()
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        })
-        .unwrap_or_default();
+    let content_type = crate::media_type(request.headers());
     let bytes = crate::read_limited(request, 64 * 1024, s.body_timeout).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);

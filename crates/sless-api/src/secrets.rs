@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::{Path, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
@@ -60,13 +60,7 @@ pub async fn put(
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
     sless_core::validate_name("name", &name)?;
-    let content_type = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .map(|v| v.trim().to_ascii_lowercase())
-        .unwrap_or_default();
+    let content_type = crate::media_type(req.headers());
     if content_type != "application/json" {
         return Err(ApiError::UnsupportedMediaType(
             "expected Content-Type: application/json".into(),
