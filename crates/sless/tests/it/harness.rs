@@ -354,9 +354,20 @@ pub fn processes_with(data_dir: &std::path::Path) -> Vec<u32> {
     found
 }
 
-/// An authenticated API request; the answer's status and JSON body (`null` if none).
+/// An API request with the admin token; the answer's status and JSON body (`null` if none).
 pub async fn send(
     server: &Server,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    send_as(server, TOKEN, method, path, body).await
+}
+
+/// An API request with `token`; the answer's status and JSON body (`null` if none).
+pub async fn send_as(
+    server: &Server,
+    token: &str,
     method: reqwest::Method,
     path: &str,
     body: Option<Value>,
@@ -365,7 +376,7 @@ pub async fn send(
         .client
         .http()
         .request(method, format!("{}{path}", server.url()))
-        .bearer_auth(TOKEN);
+        .bearer_auth(token);
     if let Some(b) = body {
         req = req.json(&b);
     }

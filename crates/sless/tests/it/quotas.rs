@@ -6,30 +6,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::harness::{Server, TOKEN, send, zip};
+use crate::harness::{Server, TOKEN, send, send_as, zip};
 
 const HELLO: &str = "def handle(event):\n    return 'hello'\n";
-
-/// An API request with `token`; the status and JSON body.
-async fn send_as(
-    server: &Server,
-    token: &str,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut req = server
-        .client
-        .http()
-        .request(method, format!("{}{path}", server.url()))
-        .bearer_auth(token);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
 
 async fn set_quota(server: &Server, ns: &str, quota: Value) -> Value {
     let (status, body) = send(
