@@ -408,10 +408,18 @@ impl Trigger {
         }
     }
 
-    /// queue: `{"kind", "url", "topic"}`.
-    pub fn source(&self) -> Option<&Value> {
+    /// queue: `{"kind", "url", "topic", "group", ...}`.
+    pub fn source(&self) -> Option<&sless_core::QueueSource> {
         match &self.spec.kind {
-            TriggerKind::Queue { source } => Some(source),
+            TriggerKind::Queue { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// queue: the delivery policy.
+    pub fn delivery(&self) -> Option<&sless_core::DeliveryPolicy> {
+        match &self.spec.kind {
+            TriggerKind::Queue { delivery, .. } => Some(delivery),
             _ => None,
         }
     }
@@ -436,6 +444,20 @@ pub struct TriggerStatus {
     /// How the last firing went (its text: `ok: status 200`, `running`, ...).
     #[schema(value_type = Option<String>)]
     pub last_result: Option<TriggerResult>,
+    /// queue and device triggers: `connected`, `connecting` or `failed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub connection: Option<sless_core::ConnectionState>,
+    /// queue and device triggers: why the connection last failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// queue and device triggers: `received`, `succeeded`, `retried`, `failed`, `dead_lettered`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub counters: Option<sless_core::DeliveryCounters>,
+    /// queue triggers: messages waiting in the broker, where the broker tells it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lag: Option<u64>,
 }
 
 impl From<sless_core::TriggerStatus> for TriggerStatus {
@@ -444,6 +466,10 @@ impl From<sless_core::TriggerStatus> for TriggerStatus {
             last_fired_at: s.last_fired_at.map(timestamp),
             next_fire_at: s.next_fire_at.map(timestamp),
             last_result: s.last_result,
+            connection: s.connection,
+            last_error: s.last_error,
+            counters: s.counters,
+            lag: s.lag,
         }
     }
 }

@@ -57,6 +57,7 @@ fn trigger(v: Value) -> Trigger {
                 status: 200,
                 error: None,
             }),
+            ..Default::default()
         }
         .into(),
         created_at: timestamp(at(T0)),

@@ -81,7 +81,10 @@ pub async fn create(
     s.store.get_namespace(&ns).await?;
     let fields: TriggerFields = serde_path_to_error::deserialize(Value::Object(fields))
         .map_err(|e| ApiError::bad(spec_error(e)))?;
-    let spec = TriggerSpec::from_fields(fields)?;
+    let mut spec = TriggerSpec::from_fields(fields)?;
+    if let TriggerKind::Queue { source, .. } = &mut spec.kind {
+        source.fill_group(&ns, &name);
+    }
     check(&s, &ns, &spec).await?;
     let now = Utc::now();
     let record = TriggerRecord {
@@ -137,6 +140,9 @@ fn fields_of(spec: &TriggerSpec) -> Result<TriggerFields, ApiError> {
         event: None,
         prewarm_sec: None,
         source: None,
+        response_topic: None,
+        dead_letter_topic: None,
+        delivery: None,
     };
     match &spec.kind {
         TriggerKind::Http { path, methods } => {
@@ -155,9 +161,19 @@ fn fields_of(spec: &TriggerSpec) -> Result<TriggerFields, ApiError> {
             fields.event = Some(event.clone());
             fields.prewarm_sec = Some(*prewarm_sec);
         }
-        TriggerKind::Queue { source } => {
+        TriggerKind::Queue {
+            source,
+            event,
+            response_topic,
+            dead_letter_topic,
+            delivery,
+        } => {
             fields.kind = TriggerType::Queue;
             fields.source = Some(source.clone());
+            fields.event = Some(serde_json::to_value(event).map_err(anyhow::Error::from)?);
+            fields.response_topic = response_topic.clone();
+            fields.dead_letter_topic = dead_letter_topic.clone();
+            fields.delivery = Some(*delivery);
         }
         TriggerKind::Unknown => {
             return Err(ApiError::Internal(anyhow::anyhow!(

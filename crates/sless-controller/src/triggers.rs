@@ -120,6 +120,7 @@ impl Triggers {
                 last_fired_at: s.last_fired_at,
                 next_fire_at: s.next_fire_at,
                 last_result: s.last_result,
+                ..Default::default()
             },
             None => t.status.clone(),
         }
@@ -171,6 +172,7 @@ impl StateSink for StoreSink {
             last_fired_at: state.last_fired_at,
             next_fire_at: state.next_fire_at,
             last_result: state.last_result.clone(),
+            ..Default::default()
         };
         if let Err(e) = self
             .store

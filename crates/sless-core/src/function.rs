@@ -41,6 +41,9 @@ pub struct FunctionSpec {
     /// What the function's instances may reach (see [`NetworkMode`]).
     #[serde(default)]
     pub network: NetworkMode,
+    /// The delivery policy of the function's async calls (default: the contract's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<crate::DeliveryPolicy>,
 }
 
 /// The network a function's instances get.
@@ -110,6 +113,7 @@ pub const SPEC_FIELDS: &[&str] = &[
     "paused",
     "private",
     "network",
+    "delivery",
 ];
 
 impl FunctionSpec {
@@ -175,6 +179,9 @@ impl FunctionSpec {
             ));
         }
         range("max_instances", self.max_instances, floor, 1000)?;
+        if let Some(delivery) = &self.delivery {
+            delivery.validate("delivery")?;
+        }
         Ok(runtime)
     }
 }

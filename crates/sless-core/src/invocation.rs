@@ -21,16 +21,22 @@ pub enum InvocationSource {
     Queue,
     /// A job's attempt.
     Job,
+    /// A telemetry message from a device trigger.
+    Device,
+    /// An async call (`/async/...` or `invoke?async=true`).
+    Async,
 }
 
 impl InvocationSource {
     /// Every source, in the order the contract lists them.
-    pub const ALL: [InvocationSource; 5] = [
+    pub const ALL: [InvocationSource; 7] = [
         InvocationSource::Http,
         InvocationSource::Invoke,
         InvocationSource::Cron,
         InvocationSource::Queue,
         InvocationSource::Job,
+        InvocationSource::Device,
+        InvocationSource::Async,
     ];
 
     /// The name used on the wire, in the database and in the instance protocol's
@@ -42,6 +48,8 @@ impl InvocationSource {
             InvocationSource::Cron => "cron",
             InvocationSource::Queue => "queue",
             InvocationSource::Job => "job",
+            InvocationSource::Device => "device",
+            InvocationSource::Async => "async",
         }
     }
 

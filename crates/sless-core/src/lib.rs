@@ -4,6 +4,7 @@
 //! rules of the API contract are stated (and tested) once.
 
 pub mod backoff;
+pub mod delivery;
 pub mod function;
 pub mod invocation;
 pub mod job;
@@ -15,6 +16,10 @@ pub mod secret;
 pub mod trigger;
 
 pub use backoff::Backoff;
+pub use delivery::{
+    CallPhase, DeadLetterSource, DeliveryPolicy, EventShape, Ordering, QueueKind, QueueSource,
+    StartFrom,
+};
 pub use function::{FunctionSpec, FunctionStatus, InstanceCounts, NetworkMode, Phase};
 pub use job::{JobPhase, JobSpec, JobStatus};
 pub use name::validate_name;
@@ -22,7 +27,8 @@ pub use quota::{Quota, QuotaExceeded, QuotaKind, QuotaOverrides};
 pub use runtime::{Runtime, RuntimeFamily};
 pub use secret::{EnvValue, SecretRef};
 pub use trigger::{
-    MissedRuns, TriggerFields, TriggerKind, TriggerResult, TriggerSpec, TriggerStatus, TriggerType,
+    ConnectionState, DeliveryCounters, MissedRuns, TriggerFields, TriggerKind, TriggerResult,
+    TriggerSpec, TriggerStatus, TriggerType,
 };
 
 /// A validation failure: which field is wrong and why, in words a user can act on.

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::ValidationError;
+use crate::{DeliveryPolicy, EventShape, QueueSource, ValidationError};
 
 /// The type of a trigger, the wire's `type` word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -71,8 +71,22 @@ pub enum TriggerKind {
         #[serde(default)]
         prewarm_sec: u32,
     },
-    /// Messages from a broker: `{"kind", "url", "topic"}`.
-    Queue { source: Value },
+    /// Messages from a broker, delivered under a [`DeliveryPolicy`].
+    Queue {
+        source: QueueSource,
+        /// What the handler receives (default: the payload).
+        #[serde(default)]
+        event: EventShape,
+        /// The handler's return value is published here after success.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        response_topic: Option<String>,
+        /// Dead letters are also published here.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dead_letter_topic: Option<String>,
+        /// The trigger's own policy (default: the contract's defaults).
+        #[serde(default)]
+        delivery: DeliveryPolicy,
+    },
     /// A type this build does not know: a newer server's answer, or a record a newer
     /// build stored. Requests go through [`TriggerFields`], which refuses it.
     #[serde(other, rename = "unknown")]
@@ -133,7 +147,13 @@ pub struct TriggerFields {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prewarm_sec: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source: Option<Value>,
+    pub source: Option<QueueSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_topic: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter_topic: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<DeliveryPolicy>,
 }
 
 /// Fields a client may set on a trigger.
@@ -148,6 +168,9 @@ pub const TRIGGER_FIELDS: &[&str] = &[
     "event",
     "prewarm_sec",
     "source",
+    "response_topic",
+    "dead_letter_topic",
+    "delivery",
 ];
 
 const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
@@ -176,6 +199,7 @@ impl TryFrom<TriggerFields> for TriggerSpec {
                 foreign("event", f.event.is_some())?;
                 foreign("prewarm_sec", f.prewarm_sec.is_some())?;
                 foreign("source", f.source.is_some())?;
+                foreign_queue(&f)?;
                 TriggerKind::Http {
                     path: f.path.clone().ok_or_else(|| {
                         ValidationError::new("path", "required for http triggers")
@@ -187,6 +211,7 @@ impl TryFrom<TriggerFields> for TriggerSpec {
                 foreign("path", f.path.is_some())?;
                 foreign("methods", f.methods.is_some())?;
                 foreign("source", f.source.is_some())?;
+                foreign_queue(&f)?;
                 TriggerKind::Cron {
                     schedule: f.schedule.clone().ok_or_else(|| {
                         ValidationError::new("schedule", "required for cron triggers")
@@ -197,10 +222,29 @@ impl TryFrom<TriggerFields> for TriggerSpec {
                 }
             }
             TriggerType::Queue => {
-                return Err(ValidationError::new(
-                    "type",
-                    "queue triggers are not supported by this server yet",
-                ));
+                foreign("path", f.path.is_some())?;
+                foreign("methods", f.methods.is_some())?;
+                foreign("schedule", f.schedule.is_some())?;
+                foreign("timezone", f.timezone.is_some())?;
+                foreign("prewarm_sec", f.prewarm_sec.is_some())?;
+                let event = match &f.event {
+                    None => EventShape::default(),
+                    Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
+                        ValidationError::new(
+                            "event",
+                            "must be \"payload\" or \"envelope\" for queue triggers",
+                        )
+                    })?,
+                };
+                TriggerKind::Queue {
+                    source: f.source.clone().ok_or_else(|| {
+                        ValidationError::new("source", "required for queue triggers")
+                    })?,
+                    event,
+                    response_topic: f.response_topic.clone(),
+                    dead_letter_topic: f.dead_letter_topic.clone(),
+                    delivery: f.delivery.unwrap_or_default(),
+                }
             }
         };
         Ok(TriggerSpec {
@@ -270,11 +314,30 @@ impl TriggerSpec {
                     ));
                 }
             }
-            TriggerKind::Queue { .. } => {
-                return Err(ValidationError::new(
-                    "type",
-                    "queue triggers are not supported by this server yet",
-                ));
+            TriggerKind::Queue {
+                source,
+                response_topic,
+                dead_letter_topic,
+                delivery,
+                ..
+            } => {
+                source.validate()?;
+                for (field, topic) in [
+                    ("response_topic", response_topic),
+                    ("dead_letter_topic", dead_letter_topic),
+                ] {
+                    if let Some(t) = topic
+                        && (t.trim().is_empty()
+                            || t.len() > 255
+                            || t.contains(['\0', '\n', '\r', '#', '+', '*', '>']))
+                    {
+                        return Err(ValidationError::new(
+                            field,
+                            "must be 1 to 255 characters, without NUL, line breaks or wildcards",
+                        ));
+                    }
+                }
+                delivery.validate("delivery")?;
             }
             TriggerKind::Unknown => {
                 return Err(ValidationError::new(
@@ -285,6 +348,23 @@ impl TriggerSpec {
         }
         Ok(())
     }
+}
+
+/// Refuses the queue-only fields on another type of trigger.
+fn foreign_queue(f: &TriggerFields) -> Result<(), ValidationError> {
+    for (field, present) in [
+        ("response_topic", f.response_topic.is_some()),
+        ("dead_letter_topic", f.dead_letter_topic.is_some()),
+        ("delivery", f.delivery.is_some()),
+    ] {
+        if present {
+            return Err(ValidationError::new(
+                field,
+                format!("not a field of {:?} triggers", f.kind.as_str()),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `/orders/` → `/orders`; must start with `/`, no `..`, `//`, query or fragment.
@@ -316,6 +396,52 @@ pub struct TriggerStatus {
     pub last_fired_at: Option<DateTime<Utc>>,
     pub next_fire_at: Option<DateTime<Utc>>,
     pub last_result: Option<TriggerResult>,
+    /// Queue and device triggers: the consumer's connection to the broker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection: Option<ConnectionState>,
+    /// Queue and device triggers: why the connection last failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Queue and device triggers: what happened to the messages since the server started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<DeliveryCounters>,
+    /// Queue triggers: messages waiting in the broker, where the broker tells it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag: Option<u64>,
+}
+
+/// The state of a queue trigger's consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConnectionState {
+    /// Subscribed and positioned: every message published from now on is delivered.
+    Connected,
+    /// Connecting, or waiting to connect again after a failure.
+    Connecting,
+    /// The source cannot work as configured (for example its credentials were refused);
+    /// it keeps retrying, with back-off.
+    Failed,
+}
+
+impl ConnectionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectionState::Connected => "connected",
+            ConnectionState::Connecting => "connecting",
+            ConnectionState::Failed => "failed",
+        }
+    }
+}
+
+/// What happened to a trigger's messages: `received` counts each message once
+/// (a redelivery by the broker again), the others count attempts and outcomes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DeliveryCounters {
+    pub received: u64,
+    pub succeeded: u64,
+    pub retried: u64,
+    pub failed: u64,
+    pub dead_lettered: u64,
 }
 
 /// How many scheduled runs were missed while the server was down.
@@ -522,6 +648,18 @@ mod tests {
         let newer: TriggerSpec =
             serde_json::from_value(json!({"function": "f", "type": "device", "devices": "*"}))
                 .unwrap();
+        let queue = spec(json!({"function": "f", "type": "queue",
+            "source": {"kind": "nats", "url": "nats://127.0.0.1:4222", "topic": "orders.>"}}))
+        .unwrap();
+        match &queue.kind {
+            TriggerKind::Queue {
+                event, delivery, ..
+            } => {
+                assert_eq!(*event, EventShape::Payload);
+                assert_eq!(*delivery, DeliveryPolicy::default());
+            }
+            other => panic!("{other:?}"),
+        }
         assert_eq!(newer.kind, TriggerKind::Unknown);
         assert_eq!(newer.trigger_type(), None);
     }
@@ -567,13 +705,38 @@ mod tests {
                 json!({"function": "F", "type": "cron", "schedule": "* * * * *", "path": "/x"}),
                 "function:",
             ),
+            (json!({"function": "f", "type": "queue"}), "source:"),
             (
-                json!({"function": "f", "type": "queue", "source": {}}),
-                "type:",
+                json!({"function": "f", "type": "queue", "source": {"kind": "amqp", "topic": "q"}}),
+                "source.url:",
+            ),
+            (
+                json!({"function": "f", "type": "queue", "event": "raw",
+                       "source": {"kind": "amqp", "url": "amqp://h", "topic": "q"}}),
+                "event:",
+            ),
+            (
+                json!({"function": "f", "type": "queue", "delivery": {"concurrency": 0},
+                       "source": {"kind": "amqp", "url": "amqp://h", "topic": "q"}}),
+                "delivery.concurrency:",
+            ),
+            (
+                json!({"function": "f", "type": "queue", "dead_letter_topic": "a/#",
+                       "source": {"kind": "mqtt", "url": "mqtt://h", "topic": "q"}}),
+                "dead_letter_topic:",
+            ),
+            (
+                json!({"function": "f", "type": "queue", "schedule": "* * * * *",
+                       "source": {"kind": "amqp", "url": "amqp://h", "topic": "q"}}),
+                "schedule: not a field of \"queue\" triggers",
+            ),
+            (
+                json!({"function": "f", "type": "http", "path": "/", "delivery": {}}),
+                "delivery: not a field of \"http\" triggers",
             ),
             (
                 json!({"function": "f", "type": "http", "path": "/", "colour": 1}),
-                "unknown field `colour`, expected one of `function`, `type`, `enabled`, `path`, `methods`, `schedule`, `timezone`, `event`, `prewarm_sec`, `source`",
+                "unknown field `colour`, expected one of `function`, `type`, `enabled`, `path`, `methods`, `schedule`, `timezone`, `event`, `prewarm_sec`, `source`, `response_topic`, `dead_letter_topic`, `delivery`",
             ),
             (
                 json!({"function": "f", "type": "ftp"}),

@@ -294,9 +294,10 @@ fn target_text(t: &Trigger) -> String {
         }
         "cron" => schedule_text(t),
         "queue" => {
-            let source = t.source().cloned().unwrap_or_default();
-            let text = |key: &str| source[key].as_str().unwrap_or("").to_string();
-            format!("{}:{}", text("kind"), text("topic"))
+            let Some(source) = t.source() else {
+                return String::new();
+            };
+            format!("{}:{}", source.kind.as_str(), source.topic)
         }
         _ => String::new(),
     }
@@ -375,7 +376,10 @@ fn summary(t: &Trigger, base: &str) -> String {
         }
         _ => {
             if let Some(source) = t.source() {
-                rows.push(("source", source.to_string()));
+                rows.push((
+                    "source",
+                    format!("{}:{}", source.kind.as_str(), source.topic),
+                ));
             }
         }
     }
@@ -535,6 +539,7 @@ mod tests {
                 next_fire_at: Some("2025-01-02T02:00:00.000Z".into()),
                 last_fired_at: Some("2025-01-01T02:00:00Z".into()),
                 last_result: Some(TriggerResult::parse("200")),
+                ..Default::default()
             },
             created_at: String::new(),
             updated_at: String::new(),
