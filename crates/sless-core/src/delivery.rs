@@ -386,6 +386,30 @@ impl DeadLetterSource {
     }
 }
 
+/// A message or call that exhausted its delivery policy (or failed without retry),
+/// kept until it is redriven or deleted. It holds what was delivered, never a
+/// secret's value (URLs with credentials are not part of it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    pub id: String,
+    pub namespace: String,
+    pub source: DeadLetterSource,
+    /// The queue or device trigger it came through; `None` for async calls.
+    pub trigger: Option<String>,
+    pub function: String,
+    /// The message's payload as the broker gave it; for an async call, its event (JSON).
+    pub payload: Vec<u8>,
+    /// `context.message` of its last attempt (queue, device); for an async call
+    /// `{"call_id": ...}`.
+    pub message: serde_json::Value,
+    pub attempts: u32,
+    /// The status of the last attempt.
+    pub last_status: u16,
+    /// The last attempt's error (the handler's exception, the platform's reason).
+    pub error: Option<String>,
+    pub failed_at: chrono::DateTime<chrono::Utc>,
+}
+
 /// A payload mapped as a handler's event: parsed JSON when it is JSON, otherwise the
 /// text (an empty payload is `""`), otherwise (not UTF-8) `{"base64": "..."}`.
 pub fn payload_event(payload: &[u8]) -> serde_json::Value {

@@ -21,6 +21,7 @@
 //! ```
 
 pub mod cron;
+pub mod delivery;
 pub mod scheduler;
 
 use async_trait::async_trait;
@@ -63,6 +64,21 @@ pub struct FireRequest {
     /// When the trigger fired. For cron this is the scheduled slot, not the moment the timer
     /// woke, so handlers may use it as an idempotency key.
     pub fired_at: DateTime<Utc>,
+    /// Deliveries (queue, device, async): which attempt this is (1-based), the id the
+    /// invocation record carries as its request id (the message id, so a redelivered
+    /// message is visible as such), the async call it belongs to, and the handler's
+    /// `context.message`. All `None` for cron.
+    pub delivery: Option<DeliveryInfo>,
+}
+
+/// What a delivery adds to a [`FireRequest`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeliveryInfo {
+    pub attempt: u32,
+    pub request_id: String,
+    pub call_id: Option<String>,
+    /// `context.message` (queue and device triggers).
+    pub message: Option<serde_json::Value>,
 }
 
 /// How an invocation ended, as far as the trigger needs to know.
@@ -72,6 +88,17 @@ pub struct FireOutcome {
     pub status: u16,
     /// Why it failed, if it did; `None` for a handled request.
     pub error: Option<String>,
+    /// The response as a caller of `/fn/` would have seen it, when the handler
+    /// answered (for async calls' callbacks and `response_topic`); `None` otherwise.
+    pub response: Option<FireResponse>,
+}
+
+/// A function's answer mapped to HTTP, as the gateway maps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FireResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: bytes::Bytes,
 }
 
 impl FireOutcome {
@@ -110,18 +137,21 @@ mod tests {
         let ok = FireOutcome {
             status: 200,
             error: None,
+            response: None,
         };
         assert!(ok.is_success());
         assert_eq!(ok.result().to_string(), "ok: status 200");
         let bad = FireOutcome {
             status: 500,
             error: None,
+            response: None,
         };
         assert!(!bad.is_success());
         assert_eq!(bad.result().to_string(), "error: status 500");
         let timeout = FireOutcome {
             status: 504,
             error: Some("timed out after 30s".to_string()),
+            response: None,
         };
         assert_eq!(
             timeout.result().to_string(),

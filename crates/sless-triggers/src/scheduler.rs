@@ -298,6 +298,7 @@ impl Entry {
                             source: sless_core::invocation::InvocationSource::Cron,
                             event: cron_event(&t.event, last),
                             fired_at: last,
+                            delivery: None,
                         },
                     });
                 }
@@ -679,6 +680,7 @@ mod tests {
             FireOutcome {
                 status: 200,
                 error: None,
+                response: None,
             }
         }
 
