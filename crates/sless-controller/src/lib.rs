@@ -20,6 +20,7 @@
 pub mod gc;
 pub mod jobs;
 mod policy;
+pub mod queues;
 mod seams;
 pub mod secrets;
 #[cfg(test)]

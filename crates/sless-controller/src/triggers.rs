@@ -1,10 +1,14 @@
 //! Running triggers: HTTP triggers become routes in the gateway's table, cron
 //! triggers are handed to the cron scheduler, whose fires invoke the function
-//! through the invocation pipeline and whose state is persisted in the store.
+//! through the invocation pipeline and whose state is persisted in the store, and
+//! queue triggers get a consumer and a delivery engine ([`crate::queues`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+pub use crate::queues::RedriveError;
+use crate::queues::{DeadLetterSink, Queues};
+use crate::secrets::SecretResolver;
 use async_trait::async_trait;
 use sless_core::{TriggerKind, TriggerStatus};
 use sless_invoke::{Call, HttpRoute, HttpRoutes, Invoker};
@@ -18,6 +22,7 @@ use sless_triggers::{
 pub struct Triggers {
     routes: Arc<HttpRoutes>,
     cron: CronScheduler,
+    queues: Queues,
     /// The generation of each trigger now live. Writers of one trigger may apply
     /// their records in another order than the store wrote them; an older one than
     /// what is live is ignored, so the newest spec always ends up running.
@@ -34,6 +39,7 @@ impl Triggers {
     ) -> Arc<Self> {
         let fire = Arc::new(InvokerFire { invoker });
         let sink = Arc::new(StoreSink { store });
+        let queues = Queues::new(fire.clone(), shutdown.child_token());
         let cron = CronScheduler::new(
             fire,
             sink,
@@ -49,8 +55,21 @@ impl Triggers {
         Arc::new(Self {
             routes,
             cron,
+            queues,
             applied: Mutex::default(),
         })
+    }
+
+    /// Queue triggers resolve `url_secret` through `resolver` (set before stored
+    /// triggers are applied).
+    pub fn set_secrets(&self, resolver: Arc<SecretResolver>) {
+        self.queues.set_secrets(resolver);
+    }
+
+    /// Queue triggers keep their dead letters in `sink` (set before stored triggers
+    /// are applied).
+    pub fn set_dead_letters(&self, sink: Arc<dyn DeadLetterSink>) {
+        self.queues.set_dead_letters(sink);
     }
 
     /// Makes a stored trigger live (or changes it in place), unless a newer
@@ -62,6 +81,11 @@ impl Triggers {
             return;
         }
         applied.insert(key, t.generation);
+        // A trigger whose type changed no longer consumes (a queue trigger stays one,
+        // so this only stops one that is gone).
+        if !matches!(t.spec.kind, TriggerKind::Queue { .. }) {
+            self.queues.remove(&t.namespace, &t.name);
+        }
         match &t.spec.kind {
             TriggerKind::Http { path, methods } => self.routes.upsert(
                 &t.namespace,
@@ -99,7 +123,8 @@ impl Triggers {
                     tracing::error!(namespace = %t.namespace, trigger = %t.name, error = %e, "stored schedule is invalid")
                 }
             },
-            TriggerKind::Queue { .. } | TriggerKind::Unknown => {}
+            TriggerKind::Queue { .. } => self.queues.apply(t),
+            TriggerKind::Unknown => {}
         }
     }
 
@@ -111,18 +136,38 @@ impl Triggers {
             .remove(&(namespace.to_string(), name.to_string()));
         self.routes.remove(namespace, name);
         self.cron.remove(namespace, name);
+        self.queues.remove(namespace, name);
     }
 
     /// Delivers a queue trigger's dead letter again, from attempt 1, through the
     /// trigger's engine; the dead letter is removed when it succeeds, or updated.
+    /// Returns once the delivery is handed to the engine.
     pub async fn redrive(&self, dead_letter: sless_core::DeadLetter) -> Result<(), RedriveError> {
-        Err(RedriveError::NoTrigger(
-            dead_letter.trigger.unwrap_or_default(),
-        ))
+        self.queues.redrive(dead_letter)
+    }
+
+    /// Stops every queue consumer (server shutdown); unsettled messages are not
+    /// acknowledged and stay in their brokers.
+    pub fn stop(&self) {
+        self.queues.stop_all();
     }
 
     /// The trigger's status as it stands now (the scheduler's live view for cron).
     pub fn status(&self, t: &TriggerRecord) -> TriggerStatus {
+        if let TriggerKind::Queue { .. } = t.spec.kind {
+            let Some(q) = self.queues.status(&t.namespace, &t.name) else {
+                return t.status.clone();
+            };
+            return TriggerStatus {
+                last_fired_at: q.last_fired_at.or(t.status.last_fired_at),
+                last_result: q.last_result.or_else(|| t.status.last_result.clone()),
+                connection: q.connection,
+                last_error: q.last_error,
+                counters: Some(q.counters),
+                lag: q.lag,
+                ..Default::default()
+            };
+        }
         match self.cron.state(&t.namespace, &t.name) {
             Some(s) => TriggerStatus {
                 last_fired_at: s.last_fired_at,
@@ -133,17 +178,6 @@ impl Triggers {
             None => t.status.clone(),
         }
     }
-}
-
-/// Why a dead letter cannot be redriven.
-#[derive(Debug, thiserror::Error)]
-pub enum RedriveError {
-    /// Its trigger no longer exists (or is not a queue or device trigger).
-    #[error("trigger {0:?} no longer exists")]
-    NoTrigger(String),
-    /// Its trigger is disabled.
-    #[error("trigger {0:?} is disabled; enable it to redrive its dead letters")]
-    Disabled(String),
 }
 
 /// Fires go to the invocation pipeline, which records them.

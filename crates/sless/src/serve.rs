@@ -667,6 +667,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
         cipher.clone(),
     ));
     controller.set_secrets(resolver.clone());
+    triggers.set_secrets(resolver.clone());
     jobs.set_secrets(resolver);
 
     let api = sless_api::router(AppState {
