@@ -1,4 +1,4 @@
-//! Triggers: http routes and cron schedules for functions.
+//! Triggers: http routes, cron schedules and queue consumers for functions.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -7,8 +7,8 @@ use axum::response::Response;
 use chrono::Utc;
 use serde_json::Value;
 use sless_api_types::{Items, Trigger, timestamp};
-use sless_core::{TriggerFields, TriggerKind, TriggerSpec, TriggerStatus, TriggerType};
-use sless_store::TriggerRecord;
+use sless_core::{SecretRef, TriggerFields, TriggerKind, TriggerSpec, TriggerStatus, TriggerType};
+use sless_store::{StoreError, TriggerRecord};
 
 use crate::etag::{IfMatch, tagged};
 use crate::functions::spec_error;
@@ -26,16 +26,40 @@ fn trigger_body(s: &AppState, t: &TriggerRecord) -> Trigger {
     }
 }
 
-/// Checks what the spec's type cannot say alone: [`check_spec`], and that the
-/// function exists (`400` otherwise). That no other http trigger owns the path
-/// (`409`) the store checks as it writes.
+/// Checks what the spec's type cannot say alone: [`check_spec`], that the
+/// function exists and that a queue source's `url_secret` names a secret key that
+/// exists (`400` otherwise). That no other http trigger owns the path (`409`) the
+/// store checks as it writes. A broker that cannot be reached is no error: the
+/// trigger connects when it can.
 async fn check(s: &AppState, ns: &str, spec: &TriggerSpec) -> Result<(), ApiError> {
     check_spec(spec)?;
     s.store
         .get_function(ns, &spec.function)
         .await
         .map_err(|e| ApiError::named_function(e, ns, &spec.function))?;
+    if let TriggerKind::Queue { source, .. } = &spec.kind
+        && let Some(r) = &source.url_secret
+    {
+        check_url_secret(s, ns, r).await?;
+    }
     Ok(())
+}
+
+/// `400` naming `source.url_secret` when `r` names a secret or key that does not
+/// exist in `ns`.
+async fn check_url_secret(s: &AppState, ns: &str, r: &SecretRef) -> Result<(), ApiError> {
+    match s.secret_store.get_secret(ns, &r.secret).await {
+        Ok(record) if record.sealed.contains_key(&r.key) => Ok(()),
+        Ok(_) => Err(ApiError::bad(format!(
+            "source.url_secret: secret {:?} has no key {:?}",
+            r.secret, r.key
+        ))),
+        Err(StoreError::NotFound { .. }) => Err(ApiError::bad(format!(
+            "source.url_secret: secret {:?} does not exist in namespace {ns:?}",
+            r.secret
+        ))),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[utoipa::path(
@@ -240,6 +264,20 @@ pub async fn patch(
         .await?;
     if let Some(Value::String(function)) = patch.get("function") {
         crate::functions::check_exists(&s, &ns, function).await?;
+    }
+    // A secret reference the patch makes is checked before the write, on the spec
+    // as it stands now (a concurrent patch may still change it: the consumer then
+    // reports the missing secret in the trigger's status).
+    if patch.get("source").is_some() {
+        let current = s.trigger_store.get_trigger(&ns, &name).await?;
+        if let Ok(TriggerSpec {
+            kind: TriggerKind::Queue { source, .. },
+            ..
+        }) = patched(&current, &patch)
+            && let Some(r) = &source.url_secret
+        {
+            check_url_secret(&s, &ns, r).await?;
+        }
     }
     let record = s
         .trigger_store

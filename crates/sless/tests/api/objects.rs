@@ -135,6 +135,81 @@ async fn trigger_get_patch_delete_errors() {
 }
 
 #[tokio::test]
+async fn queue_trigger_url_secrets_must_exist_but_brokers_need_not_be_up() {
+    let app = App::start().await;
+    app.function("default", "hello").await;
+    let queue = |source: Value| {
+        json!({"name": "q", "function": "hello", "type": "queue", "source": source,
+               "delivery": {"max_attempts": 2, "concurrency": 4}})
+    };
+    let secret_source = |key: &str| json!({"kind": "amqp", "topic": "orders", "url_secret": {"secret": "rabbit", "key": key}});
+    app.expect_error(
+        Req::json(Method::POST, TRIGGERS, &queue(secret_source("url"))),
+        400,
+        "invalid",
+        &["source.url_secret", "\"rabbit\" does not exist"],
+    )
+    .await;
+    app.expect(
+        Req::json(
+            Method::PUT,
+            "/v1/namespaces/default/secrets/rabbit",
+            &json!({"data": {"url": "amqp://guest:guest@127.0.0.1:1/%2f"}}),
+        ),
+        201,
+    )
+    .await;
+    app.expect_error(
+        Req::json(Method::POST, TRIGGERS, &queue(secret_source("uri"))),
+        400,
+        "invalid",
+        &["source.url_secret", "no key \"uri\""],
+    )
+    .await;
+
+    // Nothing listens on port 1: the trigger is created all the same, with a status.
+    let created = app
+        .expect(
+            Req::json(Method::POST, TRIGGERS, &queue(secret_source("url"))),
+            201,
+        )
+        .await;
+    assert_eq!(created["source"]["group"], "sless-default-q");
+    assert_eq!(created["delivery"]["concurrency"], 4);
+    assert!(
+        created["status"]["counters"].is_object(),
+        "a queue trigger reports counters: {created}"
+    );
+    assert!(
+        !created.to_string().contains("guest:guest"),
+        "the secret's value is never shown: {created}"
+    );
+    let t = format!("{TRIGGERS}/q");
+    app.expect_error(
+        Req::json(
+            Method::PATCH,
+            &t,
+            &json!({"source": {"url_secret": {"key": "other"}}}),
+        ),
+        400,
+        "invalid",
+        &["source.url_secret", "no key \"other\""],
+    )
+    .await;
+    let patched = app
+        .expect(
+            Req::json(Method::PATCH, &t, &json!({"enabled": false})),
+            200,
+        )
+        .await;
+    assert!(
+        patched["status"].get("connection").is_none(),
+        "a disabled trigger consumes nothing: {patched}"
+    );
+    app.expect(Req::delete(&t), 204).await;
+}
+
+#[tokio::test]
 async fn job_create_names_the_bad_field() {
     let app = App::start().await;
     app.function("default", "hello").await;
