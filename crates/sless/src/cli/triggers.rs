@@ -1,11 +1,11 @@
-//! `sless trigger create|ls|status|enable|disable|rm`: extra HTTP routes and cron schedules
-//! that call a function.
+//! `sless trigger create|ls|status|enable|disable|rm`: extra HTTP routes, cron schedules
+//! and queue consumers that call a function.
 
 use std::process::ExitCode;
 
 use anyhow::{Context, anyhow, bail};
 use serde_json::{Map, Value};
-use sless_client::Trigger;
+use sless_client::{Trigger, TriggerKind};
 
 use super::functions::read_event;
 use super::{Ctx, table};
@@ -13,9 +13,10 @@ use super::{Ctx, table};
 /// Manage triggers: what calls a function besides its own URL.
 #[derive(clap::Subcommand, Debug)]
 pub enum TriggerCommand {
-    /// Create an HTTP route or a cron schedule that calls a function.
-    Create(CreateArgs),
-    /// List the namespace's triggers with their route or schedule and when they fire.
+    /// Create an HTTP route, a cron schedule or a queue consumer that calls a function.
+    Create(Box<CreateArgs>),
+    /// List the namespace's triggers with their route, schedule or queue, when they fire,
+    /// and for queue triggers the connection's state and what happened to the messages.
     #[command(after_help = "Examples:
   sless trigger ls
   sless trigger ls --json | jq '.[] | select(.enabled == false) | .name'")]
@@ -24,10 +25,15 @@ pub enum TriggerCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Show one trigger's settings and when it fired last and fires next.
-    #[command(after_help = "Examples:
+    /// Show one trigger's settings and when it fired last and fires next (queue triggers:
+    /// the connection's state, its last error and the delivery counters).
+    #[command(
+        visible_alias = "get",
+        after_help = "Examples:
   sless trigger status nightly
-  sless trigger status nightly --json | jq .status.next_fire_at")]
+  sless trigger get orders-in
+  sless trigger status nightly --json | jq .status.next_fire_at"
+    )]
     Status {
         /// Trigger to show.
         name: String,
@@ -63,17 +69,27 @@ pub enum TriggerCommand {
 /// --http PATH adds the public route /t/{namespace}/PATH (and everything below it) to the
 /// function; the handler sees the request as it would over /fn/. --cron EXPR calls the
 /// function on a schedule: 5 fields (minute hour day-of-month month day-of-week), or 6 with
-/// seconds first; the event is --event with "fired_at" added.
-// Each kind's flags conflict with the other kind rather than `requires` their own: clap drops
-// a requirement on an argument that conflicts with one present, as --http and --cron do.
+/// seconds first; the event is --event with "fired_at" added. --queue URL (or
+/// --queue-secret SECRET/KEY) --topic T delivers every message of a broker's queue, topic
+/// or subject to the function, acknowledging it only after the function succeeded or the
+/// message became a dead letter; the kind comes from the URL's scheme (amqp://, kafka://,
+/// mqtt://, nats://) unless --kind says it.
+// Each kind's flags conflict with the other kinds rather than `requires` their own: clap
+// drops a requirement on an argument that conflicts with one present, as the kinds do.
 #[derive(clap::Args, Debug)]
-#[command(group(clap::ArgGroup::new("kind").required(true).args(["http", "cron"])))]
+#[command(group(clap::ArgGroup::new("trigger_type").required(true).args(["http", "cron", "queue", "queue_secret"])))]
 #[command(after_help = "Examples:
   sless trigger create orders --function shop --http /orders --method GET --method POST
   curl http://127.0.0.1:8080/t/default/orders/42
   sless trigger create nightly --function report --cron '0 3 * * *' --timezone Europe/Berlin
   sless trigger create tick --function ping --cron '*/10 * * * * *' --event '{\"source\": \"tick\"}'
-  sless trigger create warm --function api --cron '0 9 * * 1-5' --prewarm 30 --disabled")]
+  sless trigger create warm --function api --cron '0 9 * * 1-5' --prewarm 30 --disabled
+  sless trigger create orders-in --function process --queue amqp://guest:guest@127.0.0.1:5672/%2f \\
+      --topic orders --concurrency 4 --max-attempts 5 --dead-letter-topic orders.dlq
+  sless secret set rabbit url=amqp://user:pass@rabbit:5672/%2f
+  sless trigger create events --function ingest --queue-secret rabbit/url --topic events
+  sless trigger create clicks --function count --queue kafka://127.0.0.1:9092 --topic clicks \\
+      --ordering key --concurrency 8 --start-from earliest")]
 pub struct CreateArgs {
     /// Trigger name (a DNS label: lowercase letters, digits, '-').
     pub name: String,
@@ -111,9 +127,67 @@ pub struct CreateArgs {
     #[arg(long, value_name = "SEC", conflicts_with = "http")]
     pub prewarm: Option<u32>,
 
+    /// Consume this broker (a queue trigger): amqp://, kafka://host:port[,host:port],
+    /// mqtt://, nats://; credentials in the URL are stored as given (see --queue-secret).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["http", "cron", "queue_secret"])]
+    pub queue: Option<String>,
+
+    /// Like --queue, with the URL read from a secret's key (SECRET/KEY) when connecting.
+    #[arg(long, value_name = "SECRET/KEY", conflicts_with_all = ["http", "cron"])]
+    pub queue_secret: Option<String>,
+
+    /// The broker: amqp, kafka, mqtt or nats (default: from the URL's scheme).
+    #[arg(long, value_name = "KIND", conflicts_with_all = ["http", "cron"])]
+    pub kind: Option<String>,
+
+    /// Queue (amqp), topic (kafka), topic filter (mqtt) or subject (nats) to consume.
+    #[arg(long, value_name = "TOPIC", conflicts_with_all = ["http", "cron"])]
+    pub topic: Option<String>,
+
+    /// Consumer group (kafka), session (mqtt), durable consumer (nats) (default
+    /// sless-{namespace}-{trigger}).
+    #[arg(long, value_name = "GROUP", conflicts_with_all = ["http", "cron"])]
+    pub group: Option<String>,
+
+    /// A group that never consumed starts at the latest message (default) or the earliest.
+    #[arg(long, value_name = "latest|earliest", conflicts_with_all = ["http", "cron"])]
+    pub start_from: Option<String>,
+
+    /// Messages in flight at once (default 1).
+    #[arg(long, value_name = "N", conflicts_with_all = ["http", "cron"])]
+    pub concurrency: Option<u32>,
+
+    /// `key`: messages with the same key strictly in order, one in flight per key.
+    #[arg(long, value_name = "none|key", conflicts_with_all = ["http", "cron"])]
+    pub ordering: Option<String>,
+
+    /// Attempts per message before it becomes a dead letter (default 3).
+    #[arg(long, value_name = "N", conflicts_with_all = ["http", "cron"])]
+    pub max_attempts: Option<u32>,
+
+    /// Also publish dead letters to this topic, with x-sless-* headers.
+    #[arg(long, value_name = "TOPIC", conflicts_with_all = ["http", "cron"])]
+    pub dead_letter_topic: Option<String>,
+
+    /// Publish the function's return value to this topic after each success.
+    #[arg(long, value_name = "TOPIC", conflicts_with_all = ["http", "cron"])]
+    pub response_topic: Option<String>,
+
+    /// The event is {"payload": ..., "message": {...}} instead of the payload alone.
+    #[arg(long, conflicts_with_all = ["http", "cron"])]
+    pub envelope: bool,
+
     /// Create it switched off; turn it on with `sless trigger enable`.
     #[arg(long)]
     pub disabled: bool,
+}
+
+/// The queue kind a URL's scheme names.
+fn kind_of_url(url: &str) -> Option<sless_core::QueueKind> {
+    let scheme = url.split_once("://")?.0.to_ascii_lowercase();
+    sless_core::QueueKind::ALL
+        .into_iter()
+        .find(|k| k.schemes().contains(&scheme.as_str()))
 }
 
 /// Runs `sless trigger ...`.
@@ -198,6 +272,10 @@ fn create_body(args: &CreateArgs, event: Option<Value>) -> anyhow::Result<Value>
     if args.disabled {
         body.insert("enabled".into(), Value::Bool(false));
     }
+    if args.queue.is_some() || args.queue_secret.is_some() {
+        queue_body(args, event, &mut body)?;
+        return Ok(Value::Object(body));
+    }
     match (&args.http, &args.cron) {
         (Some(path), None) => {
             if !path.starts_with('/') {
@@ -237,10 +315,92 @@ fn create_body(args: &CreateArgs, event: Option<Value>) -> anyhow::Result<Value>
                 body.insert("prewarm_sec".into(), Value::from(prewarm));
             }
         }
-        // clap's "kind" group makes exactly one of them present.
-        _ => bail!("give exactly one of --http PATH or --cron EXPR"),
+        // clap's "trigger_type" group makes exactly one of them present.
+        _ => bail!("give exactly one of --http PATH, --cron EXPR or --queue URL"),
     }
     Ok(Value::Object(body))
+}
+
+/// The queue trigger's fields of a `POST .../triggers` body.
+fn queue_body(
+    args: &CreateArgs,
+    event: Option<Value>,
+    body: &mut Map<String, Value>,
+) -> anyhow::Result<()> {
+    if event.is_some() {
+        bail!(
+            "--event is for cron triggers; a queue trigger's event is the message (see --envelope)"
+        );
+    }
+    let Some(topic) = &args.topic else {
+        bail!("--topic is required with --queue: the queue, topic or subject to consume");
+    };
+    let kind = match (&args.kind, &args.queue) {
+        (Some(k), _) => k.to_ascii_lowercase(),
+        (None, Some(url)) => match kind_of_url(url) {
+            Some(k) => k.as_str().to_string(),
+            None => bail!(
+                "--queue {url:?}: cannot tell the broker from the scheme; use amqp://, kafka://, \
+                 mqtt:// or nats://, or give --kind"
+            ),
+        },
+        (None, None) => bail!("--queue-secret needs --kind: amqp, kafka, mqtt or nats"),
+    };
+    let mut source = Map::new();
+    source.insert("kind".into(), Value::from(kind));
+    match (&args.queue, &args.queue_secret) {
+        (Some(url), _) => {
+            source.insert("url".into(), Value::from(url.as_str()));
+        }
+        (None, Some(r)) => {
+            let Some((secret, key)) = r
+                .split_once('/')
+                .filter(|(s, k)| !s.is_empty() && !k.is_empty())
+            else {
+                bail!("--queue-secret {r:?}: give SECRET/KEY, e.g. rabbit/url");
+            };
+            source.insert(
+                "url_secret".into(),
+                serde_json::json!({"secret": secret, "key": key}),
+            );
+        }
+        // clap's "trigger_type" group makes one of them present.
+        (None, None) => bail!("give --queue URL or --queue-secret SECRET/KEY"),
+    }
+    source.insert("topic".into(), Value::from(topic.as_str()));
+    if let Some(group) = &args.group {
+        source.insert("group".into(), Value::from(group.as_str()));
+    }
+    if let Some(start) = &args.start_from {
+        source.insert("start_from".into(), Value::from(start.to_ascii_lowercase()));
+    }
+    body.insert("type".into(), Value::from("queue"));
+    body.insert("source".into(), Value::Object(source));
+    if args.envelope {
+        body.insert("event".into(), Value::from("envelope"));
+    }
+    for (field, topic) in [
+        ("response_topic", &args.response_topic),
+        ("dead_letter_topic", &args.dead_letter_topic),
+    ] {
+        if let Some(t) = topic {
+            body.insert(field.into(), Value::from(t.as_str()));
+        }
+    }
+    let mut delivery = Map::new();
+    if let Some(n) = args.concurrency {
+        delivery.insert("concurrency".into(), Value::from(n));
+    }
+    if let Some(n) = args.max_attempts {
+        delivery.insert("max_attempts".into(), Value::from(n));
+    }
+    if let Some(o) = &args.ordering {
+        delivery.insert("ordering".into(), Value::from(o.to_ascii_lowercase()));
+    }
+    if !delivery.is_empty() {
+        body.insert("delivery".into(), Value::Object(delivery));
+    }
+    Ok(())
 }
 
 /// The public URL of an HTTP trigger's route.
@@ -265,7 +425,47 @@ fn describe_created(t: &Trigger, base: &str) -> String {
             t.spec.function,
             table::time(t.status.next_fire_at.as_deref())
         ),
+        "queue" => format!("{head}: {} -> {}", target_text(t), t.spec.function),
         other => format!("{head}: {other} -> {}", t.spec.function),
+    }
+}
+
+/// `url` with the password of its user info masked, for display.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) => match user_info.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+/// The STATE cell: a queue trigger's connection (`disabled` when nothing consumes).
+fn state_text(t: &Trigger) -> String {
+    if t.kind() != "queue" {
+        return "-".to_string();
+    }
+    match t.status.connection {
+        Some(c) => c.as_str().to_string(),
+        None if !t.spec.enabled => "disabled".to_string(),
+        None => "-".to_string(),
+    }
+}
+
+/// The COUNTERS cell: what happened to a queue trigger's messages since the server started.
+fn counters_text(t: &Trigger) -> String {
+    match &t.status.counters {
+        Some(c) => format!(
+            "ok {} / retry {} / dlq {}",
+            c.succeeded, c.retried, c.dead_lettered
+        ),
+        None => "-".to_string(),
     }
 }
 
@@ -313,22 +513,46 @@ fn last_text(t: &Trigger) -> String {
     }
 }
 
+/// The triggers as a table; the STATE and COUNTERS columns are there when a queue
+/// trigger is.
 fn triggers_table(triggers: &[Trigger]) -> String {
+    let queues = triggers.iter().any(|t| t.kind() == "queue");
     let rows: Vec<Vec<String>> = triggers
         .iter()
         .map(|t| {
-            vec![
+            let mut row = vec![
                 t.name.clone(),
                 t.kind().to_string(),
                 t.spec.function.clone(),
                 if t.spec.enabled { "yes" } else { "no" }.to_string(),
+            ];
+            if queues {
+                row.push(state_text(t));
+            }
+            row.extend([
                 target_text(t),
                 table::time(t.status.next_fire_at.as_deref()),
                 last_text(t),
-            ]
+            ]);
+            if queues {
+                row.push(counters_text(t));
+            }
+            row
         })
         .collect();
-    table::render(
+    let headers: &[&str] = if queues {
+        &[
+            "NAME",
+            "TYPE",
+            "FUNCTION",
+            "ENABLED",
+            "STATE",
+            "SCHEDULE/PATH/QUEUE",
+            "NEXT",
+            "LAST",
+            "COUNTERS",
+        ]
+    } else {
         &[
             "NAME",
             "TYPE",
@@ -337,9 +561,9 @@ fn triggers_table(triggers: &[Trigger]) -> String {
             "SCHEDULE/PATH",
             "NEXT",
             "LAST",
-        ],
-        &rows,
-    )
+        ]
+    };
+    table::render(headers, &rows)
 }
 
 /// `key: value` lines for `sless trigger status`.
@@ -380,6 +604,61 @@ fn summary(t: &Trigger, base: &str) -> String {
                     "source",
                     format!("{}:{}", source.kind.as_str(), source.topic),
                 ));
+                match (&source.url, &source.url_secret) {
+                    (Some(url), _) => rows.push(("url", without_password(url))),
+                    (None, Some(r)) => {
+                        rows.push(("url", format!("from secret {}/{}", r.secret, r.key)))
+                    }
+                    (None, None) => {}
+                }
+                rows.push(("group", source.group.clone().unwrap_or_default()));
+            }
+            if let TriggerKind::Queue {
+                event,
+                response_topic,
+                dead_letter_topic,
+                ..
+            } = &t.spec.kind
+            {
+                if *event == sless_core::EventShape::Envelope {
+                    rows.push(("event", "envelope".to_string()));
+                }
+                rows.push(("response to", response_topic.clone().unwrap_or_default()));
+                rows.push((
+                    "dead letters",
+                    dead_letter_topic.clone().unwrap_or_default(),
+                ));
+            }
+            if let Some(d) = t.delivery() {
+                rows.push((
+                    "delivery",
+                    format!(
+                        "concurrency {}, ordering {}, {} attempt{}, back-off {}-{} ms",
+                        d.concurrency,
+                        d.ordering.as_str(),
+                        d.max_attempts,
+                        if d.max_attempts == 1 { "" } else { "s" },
+                        d.backoff_initial_ms,
+                        d.backoff_max_ms
+                    ),
+                ));
+            }
+            rows.push(("state", state_text(t)));
+            rows.push((
+                "last error",
+                t.status.last_error.clone().unwrap_or_default(),
+            ));
+            if let Some(c) = &t.status.counters {
+                rows.push((
+                    "counters",
+                    format!(
+                        "received {}, succeeded {}, retried {}, failed {}, dead-lettered {}",
+                        c.received, c.succeeded, c.retried, c.failed, c.dead_lettered
+                    ),
+                ));
+            }
+            if let Some(lag) = t.status.lag {
+                rows.push(("lag", lag.to_string()));
             }
         }
     }
@@ -406,7 +685,7 @@ fn summary(t: &Trigger, base: &str) -> String {
 mod tests {
     use clap::Parser;
     use serde_json::json;
-    use sless_client::{TriggerKind, TriggerResult, TriggerSpec, TriggerStatus};
+    use sless_client::{TriggerResult, TriggerSpec, TriggerStatus};
 
     use super::*;
 
@@ -423,7 +702,7 @@ mod tests {
 
     fn create(argv: &[&str]) -> CreateArgs {
         match parse(&[&["create"], argv].concat()).expect("parses") {
-            TriggerCommand::Create(args) => args,
+            TriggerCommand::Create(args) => *args,
             other => panic!("not create: {other:?}"),
         }
     }
@@ -576,6 +855,206 @@ mod tests {
                 "orders    http   shop       no        /orders (GET,POST)          -                      -",
             ]
         );
+    }
+
+    fn queue_trigger() -> Trigger {
+        let fields = serde_json::from_value(json!({
+            "function": "process", "type": "queue",
+            "source": {"kind": "amqp", "url": "amqp://guest:secret@rabbit:5672/%2f",
+                       "topic": "orders", "group": "sless-default-orders-in"},
+            "dead_letter_topic": "orders.dlq",
+            "delivery": {"concurrency": 4, "max_attempts": 5}
+        }))
+        .expect("fields");
+        Trigger {
+            name: "orders-in".into(),
+            namespace: "default".into(),
+            spec: TriggerSpec::from_fields(fields).expect("valid"),
+            status: TriggerStatus {
+                last_fired_at: Some("2025-01-01T02:00:00Z".into()),
+                last_result: Some(TriggerResult::parse("ok: status 200")),
+                connection: Some(sless_core::ConnectionState::Connected),
+                last_error: Some("connection refused".into()),
+                counters: Some(sless_core::DeliveryCounters {
+                    received: 13,
+                    succeeded: 10,
+                    retried: 2,
+                    failed: 3,
+                    dead_lettered: 1,
+                }),
+                lag: Some(4),
+                ..Default::default()
+            },
+            created_at: String::new(),
+            updated_at: String::new(),
+        }
+    }
+
+    #[test]
+    fn queue_triggers_build_their_body() {
+        let args = create(&[
+            "orders-in",
+            "-f",
+            "process",
+            "--queue",
+            "amqp://guest:guest@127.0.0.1:5672/%2f",
+            "--topic",
+            "orders",
+            "--concurrency",
+            "4",
+            "--ordering",
+            "key",
+            "--max-attempts",
+            "5",
+            "--dead-letter-topic",
+            "orders.dlq",
+            "--response-topic",
+            "orders.done",
+            "--start-from",
+            "earliest",
+            "--group",
+            "g1",
+            "--envelope",
+        ]);
+        assert_eq!(
+            create_body(&args, None).expect("body"),
+            json!({"name": "orders-in", "function": "process", "type": "queue",
+                   "source": {"kind": "amqp", "url": "amqp://guest:guest@127.0.0.1:5672/%2f",
+                              "topic": "orders", "group": "g1", "start_from": "earliest"},
+                   "event": "envelope", "response_topic": "orders.done",
+                   "dead_letter_topic": "orders.dlq",
+                   "delivery": {"concurrency": 4, "max_attempts": 5, "ordering": "key"}})
+        );
+        for (url, kind) in [
+            ("kafka://127.0.0.1:9092", "kafka"),
+            ("mqtt://127.0.0.1:1883", "mqtt"),
+            ("nats://127.0.0.1:4222", "nats"),
+        ] {
+            let args = create(&["t", "-f", "x", "--queue", url, "--topic", "t"]);
+            assert_eq!(
+                create_body(&args, None).expect("body")["source"]["kind"],
+                kind
+            );
+        }
+        let args = create(&[
+            "t",
+            "-f",
+            "x",
+            "--queue-secret",
+            "rabbit/url",
+            "--kind",
+            "amqp",
+            "--topic",
+            "t",
+        ]);
+        let body = create_body(&args, None).expect("body");
+        assert_eq!(
+            body["source"],
+            json!({"kind": "amqp", "url_secret": {"secret": "rabbit", "key": "url"}, "topic": "t"})
+        );
+        assert!(body.get("delivery").is_none(), "server defaults apply");
+    }
+
+    #[test]
+    fn queue_flags_are_checked_before_sending() {
+        for (argv, want) in [
+            (
+                &["t", "-f", "x", "--queue", "amqp://h"][..],
+                "--topic is required",
+            ),
+            (
+                &["t", "-f", "x", "--queue", "redis://h", "--topic", "t"],
+                "cannot tell the broker",
+            ),
+            (
+                &[
+                    "t",
+                    "-f",
+                    "x",
+                    "--queue-secret",
+                    "rabbit",
+                    "--kind",
+                    "amqp",
+                    "--topic",
+                    "t",
+                ],
+                "give SECRET/KEY",
+            ),
+            (
+                &[
+                    "t",
+                    "-f",
+                    "x",
+                    "--queue-secret",
+                    "rabbit/url",
+                    "--topic",
+                    "t",
+                ],
+                "needs --kind",
+            ),
+        ] {
+            let err = create_body(&create(argv), None).expect_err("refused");
+            assert!(err.to_string().contains(want), "{argv:?}: {err}");
+        }
+        for argv in [
+            &["t", "-f", "x", "--topic", "t"][..],
+            &["t", "-f", "x", "--http", "/a", "--topic", "t"],
+            &["t", "-f", "x", "--queue", "amqp://h", "--http", "/a"],
+            &[
+                "t",
+                "-f",
+                "x",
+                "--queue",
+                "amqp://h",
+                "--queue-secret",
+                "a/b",
+            ],
+            &["t", "-f", "x", "--cron", "* * * * *", "--concurrency", "2"],
+        ] {
+            let argv = [&["create"], argv].concat();
+            assert!(parse(&argv).is_err(), "{argv:?} should not parse");
+        }
+    }
+
+    #[test]
+    fn queue_triggers_show_their_state_and_counters() {
+        let out = triggers_table(&[http_trigger(), queue_trigger()]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "NAME        TYPE    FUNCTION   ENABLED   STATE       SCHEDULE/PATH/QUEUE   NEXT   LAST                                    COUNTERS",
+                "orders      http    shop       no        -           /orders (GET,POST)    -      -                                       -",
+                "orders-in   queue   process    yes       connected   amqp:orders           -      2025-01-01T02:00:00Z (ok: status 200)   ok 10 / retry 2 / dlq 1",
+            ]
+        );
+        assert_eq!(
+            describe_created(&queue_trigger(), "http://h:1"),
+            "created trigger default/orders-in: amqp:orders -> process"
+        );
+        let out = summary(&queue_trigger(), "http://h:1");
+        for line in [
+            "source:       amqp:orders\n",
+            "url:          amqp://guest:***@rabbit:5672/%2f\n",
+            "group:        sless-default-orders-in\n",
+            "dead letters: orders.dlq\n",
+            "delivery:     concurrency 4, ordering none, 5 attempts, back-off 500-60000 ms\n",
+            "state:        connected\n",
+            "last error:   connection refused\n",
+            "counters:     received 13, succeeded 10, retried 2, failed 3, dead-lettered 1\n",
+            "lag:          4\n",
+        ] {
+            assert!(out.contains(line), "{line:?} in\n{out}");
+        }
+        assert!(!out.contains("secret"), "{out}");
+        assert!(
+            !out.contains("response to"),
+            "unset fields are left out: {out}"
+        );
+        assert!(matches!(
+            parse(&["get", "orders-in"]).expect("get is status"),
+            TriggerCommand::Status { name, json: false } if name == "orders-in"
+        ));
     }
 
     #[test]
