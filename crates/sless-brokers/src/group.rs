@@ -1,0 +1,124 @@
+//! A broker process that cannot outlive the test binary that started it.
+//!
+//! Tests keep their brokers in statics, and statics are never dropped, so `Drop`
+//! alone would leave brokers running after every test binary. Instead each broker
+//! runs under a small `sh` watchdog that leads its own process group and reads its
+//! standard input from a pipe this process holds: when the pipe closes (on
+//! [`Group::stop`], on drop, or because the test binary exited or was killed), the
+//! watchdog stops the broker and kills everything left in the group (the `epmd`
+//! RabbitMQ needs included).
+
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+/// The watchdog. `$1` is the grace period in seconds; the rest is the command.
+/// `term` on stdin asks for a graceful stop (SIGTERM to the group, SIGKILL after the
+/// grace period); anything else, end of file included, kills at once. The trap is
+/// set only after the broker started, so the broker still dies of SIGTERM.
+const WATCHDOG: &str = r#"
+grace=$1; shift
+"$@" </dev/null &
+pid=$!
+read -r how || how=kill
+trap '' TERM
+if [ "$how" = term ]; then
+    ( sleep "$grace"; kill -KILL 0 ) &
+    kill -TERM 0
+    wait "$pid"
+fi
+kill -KILL 0
+"#;
+
+/// One supervised broker process (and whatever it started in its group).
+#[derive(Debug)]
+pub(crate) struct Group {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl Group {
+    /// Starts `command` with `args` and `env`, its output appended to `log`.
+    pub(crate) fn spawn(
+        command: &str,
+        args: &[String],
+        env: &[(String, String)],
+        cwd: &Path,
+        log: &Path,
+        grace: Duration,
+    ) -> anyhow::Result<Group> {
+        use std::os::unix::process::CommandExt;
+        let out = File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let err = out.try_clone()?;
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg("sless-broker")
+            .arg(grace.as_secs().max(1).to_string())
+            .arg(command)
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir(cwd)
+            .stdin(Stdio::piped())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("starting {command}"))?;
+        let stdin = child.stdin.take();
+        Ok(Group { child, stdin })
+    }
+
+    /// Whether the watchdog (and so the broker) still runs.
+    pub(crate) fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Stops the broker: gracefully (SIGTERM, then SIGKILL after the grace period)
+    /// or at once, and waits until the watchdog is gone.
+    pub(crate) fn stop(&mut self, graceful: bool) {
+        if let Some(mut stdin) = self.stdin.take() {
+            // A watchdog that already exited closed the pipe: nothing left to stop.
+            let _ = stdin.write_all(if graceful { b"term\n" } else { b"kill\n" });
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.stop(false);
+    }
+}
+
+/// Waits until `ready` says yes, the process is gone, or `timeout` passes.
+pub(crate) fn wait_until(
+    group: &mut Group,
+    timeout: Duration,
+    what: &str,
+    log: &Path,
+    mut ready: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if ready() {
+            return Ok(());
+        }
+        if !group.running() {
+            anyhow::bail!("{what} exited while starting; see {}", log.display());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("{what} not ready after {timeout:?}; see {}", log.display());
+        }
+        // Polling a process that gives no readiness signal; not test synchronisation.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
