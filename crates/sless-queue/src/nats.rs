@@ -287,10 +287,13 @@ impl NatsConnector {
     async fn release(&self) {
         let held: Vec<_> = self.held().drain().map(|(_, acker)| acker).collect();
         for acker in held {
-            // Without the nak the server redelivers after ACK_WAIT instead.
-            let _ =
-                tokio::time::timeout(Duration::from_secs(2), acker.ack_with(AckKind::Nak(None)))
-                    .await;
+            // Confirmed (double) so it is sent before the client goes away; without
+            // it the server redelivers after ACK_WAIT instead.
+            let _ = tokio::time::timeout(
+                Duration::from_secs(2),
+                acker.double_ack_with(AckKind::Nak(None)),
+            )
+            .await;
         }
     }
 
