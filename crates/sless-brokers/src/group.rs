@@ -94,8 +94,10 @@ impl Group {
 }
 
 impl Drop for Group {
+    /// Closes the pipe without a word: the same path as the test binary dying.
     fn drop(&mut self) {
-        self.stop(false);
+        drop(self.stdin.take());
+        let _ = self.child.wait();
     }
 }
 
@@ -120,5 +122,80 @@ pub(crate) fn wait_until(
         }
         // Polling a process that gives no readiness signal; not test synchronisation.
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pids the script wrote, once it wrote both.
+    fn pids(file: &Path) -> Vec<u32> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            let pids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+            if pids.len() == 2 {
+                return pids;
+            }
+            assert!(Instant::now() < deadline, "the script never wrote its pids");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn gone(pid: u32) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            // A killed process may linger as a zombie until its parent reaps it.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat.is_empty() || stat.contains(") Z ") {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A broker that forks a helper of its own (as RabbitMQ does with epmd).
+    fn spawn_family(dir: &Path, grace: Duration) -> (Group, Vec<u32>) {
+        let pidfile = dir.join("pids");
+        let script = format!(
+            "sleep 1000 & echo $! > {p}; echo $$ >> {p}; exec sleep 1000",
+            p = pidfile.display()
+        );
+        let group = Group::spawn(
+            "sh",
+            &["-c".to_owned(), script],
+            &[],
+            dir,
+            &dir.join("log"),
+            grace,
+        )
+        .expect("spawned");
+        (group, pids(&pidfile))
+    }
+
+    #[test]
+    fn stopping_kills_the_broker_and_what_it_started() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let (mut group, pids) = spawn_family(dir.path(), Duration::from_secs(5));
+        assert!(group.running());
+        group.stop(true);
+        assert!(!group.running());
+        for pid in pids {
+            assert!(gone(pid), "process {pid} survived the stop");
+        }
+    }
+
+    #[test]
+    fn closing_the_pipe_kills_at_once() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let (group, pids) = spawn_family(dir.path(), Duration::from_secs(600));
+        drop(group);
+        for pid in pids {
+            assert!(gone(pid), "process {pid} survived the drop");
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! The NATS JetStream connector, on `async-nats` (built without its `server_2_10+`
-//! features, whose consumer API nats-server 2.9 does not speak).
+//! The NATS JetStream connector, on `async-nats`, built without its `server_2_10+`
+//! features (the Debian server is 2.9.10, and the calls used here are tested
+//! against it).
 //!
 //! The subject `topic` is read through a durable pull consumer named `group` on the
 //! stream that covers the subject, which is created (file storage, named
@@ -7,10 +8,11 @@
 //! policy of a consumer created here (`new` or `all`); an existing one resumes.
 //!
 //! Acks: explicit, double-acked (the server confirms). `max_ack_pending` is the
-//! prefetch. `ack_wait` is 30 s, and every message the engine holds gets an
-//! in-progress ack every 10 s, so a slow delivery is not redelivered while a crashed
-//! server's messages come back within 30 s. When the connector shuts down it naks
-//! what it still holds, so a restarted connector gets those at once.
+//! prefetch. `ack_wait` is 15 s, and every message the engine holds gets an
+//! in-progress ack every 5 s, so a slow delivery is not redelivered while a crashed
+//! server's messages come back within 15 s. When the connector shuts down it naks
+//! what it still holds, and a message dropped without an ack is nak'd too, so
+//! those come back at once rather than after `ack_wait`.
 //!
 //! Any connection trouble ends the session (the client is dropped) and a new one
 //! is made with jittered back-off (200 ms doubling to 30 s) for as long as the
@@ -37,9 +39,9 @@ const RECONNECT: Backoff = Backoff::new(Duration::from_millis(200), Duration::fr
 /// A connect (or a JetStream API call) that takes longer than this fails the session.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The server redelivers a message not acked (nor marked in progress) for this long.
-const ACK_WAIT: Duration = Duration::from_secs(30);
+const ACK_WAIT: Duration = Duration::from_secs(15);
 /// How often messages held by the engine are marked in progress (well within `ACK_WAIT`).
-const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// How often the consumer's pending count is read for `status.lag`.
 const LAG_EVERY: Duration = Duration::from_secs(5);
 /// Idle heartbeat of the pull stream: a server gone silent is noticed within ~2×.
@@ -270,6 +272,7 @@ impl NatsConnector {
                 acker,
                 sequence,
                 held: self.held.clone(),
+                settled: false,
             }),
         })
     }
@@ -417,22 +420,55 @@ struct NatsAck {
     acker: Arc<jetstream::message::Acker>,
     sequence: u64,
     held: Arc<Mutex<HashMap<u64, Arc<jetstream::message::Acker>>>>,
+    /// Acked (or tried): nothing left to do on drop.
+    settled: bool,
+}
+
+impl NatsAck {
+    /// No longer kept alive with in-progress acks (unless a redelivery of the same
+    /// message replaced this one meanwhile).
+    fn forget(&self) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held
+            .get(&self.sequence)
+            .is_some_and(|current| Arc::ptr_eq(current, &self.acker))
+        {
+            held.remove(&self.sequence);
+        }
+    }
 }
 
 #[async_trait]
 impl crate::Ack for NatsAck {
-    async fn ack(self: Box<Self>) -> Result<(), QueueError> {
+    async fn ack(mut self: Box<Self>) -> Result<(), QueueError> {
+        self.settled = true;
         let result = tokio::time::timeout(CONNECT_TIMEOUT, self.acker.double_ack())
             .await
             .map_err(|_| QueueError::Broker("no answer to the ack".into()))
             .and_then(|r| r.map_err(|e| QueueError::Broker(e.to_string())));
         // Acked or not, it is no longer ours to keep alive: a failed ack means the
         // server redelivers after ACK_WAIT.
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.sequence);
+        self.forget();
         result
+    }
+}
+
+impl Drop for NatsAck {
+    /// Dropped without an ack (the engine gave it up, or it never reached the
+    /// engine): stop keeping it alive and hand it back for redelivery now rather
+    /// than after ACK_WAIT.
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        self.forget();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let acker = self.acker.clone();
+            runtime.spawn(async move {
+                // Without it the server redelivers after ACK_WAIT: nothing is lost.
+                let _ = acker.ack_with(AckKind::Nak(None)).await;
+            });
+        }
     }
 }
 

@@ -305,6 +305,35 @@ async fn publish_without_a_connection_fails() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn lag_is_the_number_of_messages_waiting_in_the_queue() {
+    let url = broker().url();
+    let queue = "lag";
+    let mut config = config(&url, queue);
+    config.prefetch = 1;
+    let mut running = Running::start(config).connected().await;
+    publish_all(&url, queue, &["1", "2", "3", "4", "5"]).await;
+    // One is handed out (the prefetch), four wait in the broker.
+    let first = running.next().await;
+    until("the lag is read", || running.status.lag() == Some(4)).await;
+    first.ack.ack().await.expect("acked");
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_credentials_show_as_failed_and_are_retried() {
+    let url = broker().url().replace("guest:guest", "guest:wrong");
+    let running = Running::start(config(&url, "refused"));
+    until("the source shows as failed", || {
+        running.status.state() == ConnectionState::Failed
+    })
+    .await;
+    let error = running.status.last_error().expect("the reason");
+    assert!(!error.contains("wrong"), "no password in {error}");
+    assert!(!running.task.is_finished(), "it keeps retrying");
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_broker_down_at_start_is_waited_for() {
     let broker = Arc::new(RabbitMq::prepare().expect("ports and directories"));
     let queue = "late-broker";

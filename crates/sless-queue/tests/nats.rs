@@ -304,6 +304,46 @@ async fn publish_without_a_connection_fails() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn lag_is_the_number_of_messages_the_consumer_has_not_been_given() {
+    let url = server().url();
+    let subject = "lag";
+    let mut config = config(&url, subject, "g-lag");
+    config.prefetch = 1;
+    let mut running = Running::start(config).connected().await;
+    publish_all(&url, subject, &["1", "2", "3", "4", "5"]).await;
+    // One is handed out (max_ack_pending), four wait in the stream.
+    let first = running.next().await;
+    until("the lag is read", || running.status.lag() == Some(4)).await;
+    first.ack.ack().await.expect("acked");
+    let second = running.next().await;
+    assert_eq!(text(&second), "2");
+    second.ack.ack().await.expect("acked");
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_dropped_without_an_ack_comes_back_at_once() {
+    let url = server().url();
+    let (subject, group) = ("dropped", "g-dropped");
+    let mut running = Running::start(config(&url, subject, group))
+        .connected()
+        .await;
+    publish_all(&url, subject, &["given-up"]).await;
+    let first = running.next().await;
+    let id = first.message.id.clone();
+    drop(first);
+    // Well before the 15 s ack_wait would bring it back.
+    let again = tokio::time::timeout(Duration::from_secs(5), running.rx.recv())
+        .await
+        .expect("redelivered at once")
+        .expect("running");
+    assert_eq!(again.message.id, id);
+    assert_eq!(text(&again), "given-up");
+    again.ack.ack().await.expect("acked");
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_server_down_at_start_is_waited_for() {
     let server = Arc::new(Nats::prepare().expect("a port and a directory"));
     let subject = "late.server";
