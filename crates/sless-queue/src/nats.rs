@@ -280,24 +280,21 @@ impl NatsConnector {
     /// Marks every held message in progress, so the server does not redeliver it.
     async fn keep_alive(&self) {
         let held: Vec<_> = self.held().values().cloned().collect();
-        for acker in held {
-            // A failed mark only risks a redelivery (at-least-once): nothing to do.
-            let _ = acker.ack_with(AckKind::Progress).await;
-        }
+        let marks = held.iter().map(|acker| acker.ack_with(AckKind::Progress));
+        // A missed mark only risks a redelivery (at-least-once): nothing to do.
+        let _ = tokio::time::timeout(PROGRESS_EVERY, futures::future::join_all(marks)).await;
     }
 
-    /// Hands back every held message for redelivery (at shutdown).
+    /// Hands back every held message for redelivery (at shutdown), all at once and
+    /// bounded, so a server that is down does not hold up the shutdown.
     async fn release(&self) {
         let held: Vec<_> = self.held().drain().map(|(_, acker)| acker).collect();
-        for acker in held {
-            // Confirmed (double) so it is sent before the client goes away; without
-            // it the server redelivers after ACK_WAIT instead.
-            let _ = tokio::time::timeout(
-                Duration::from_secs(2),
-                acker.double_ack_with(AckKind::Nak(None)),
-            )
-            .await;
-        }
+        // Confirmed (double) so they are sent before the client goes away; without
+        // them the server redelivers after ACK_WAIT instead.
+        let naks = held
+            .iter()
+            .map(|acker| acker.double_ack_with(AckKind::Nak(None)));
+        let _ = tokio::time::timeout(Duration::from_secs(2), futures::future::join_all(naks)).await;
     }
 
     /// Publishes and waits for the stream's PubAck, creating a stream for `topic`
