@@ -359,6 +359,18 @@ async fn a_broker_down_at_start_is_waited_for() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broker_restart_mid_stream_loses_nothing() {
+    restart_mid_stream(false).await;
+}
+
+/// Killed with SIGKILL, as a crash: what it confirmed is on disk all the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broker_crash_mid_stream_loses_nothing() {
+    restart_mid_stream(true).await;
+}
+
+/// Publishes N messages with confirms while the rabbitmq-server restarts (gracefully, or
+/// killed first), and checks every one of them is delivered at least once.
+async fn restart_mid_stream(crash: bool) {
     const N: usize = 200;
     let broker = Arc::new(
         tokio::task::spawn_blocking(RabbitMq::start)
@@ -419,10 +431,15 @@ async fn a_broker_restart_mid_stream_loses_nothing() {
                 confirmed_rx.recv().await.expect("the publisher runs");
                 confirmed += 1;
             }
-            tokio::task::spawn_blocking(move || broker.restart())
-                .await
-                .expect("no panic")
-                .expect("rabbitmq-server restarts");
+            tokio::task::spawn_blocking(move || {
+                if crash {
+                    broker.kill();
+                }
+                broker.restart()
+            })
+            .await
+            .expect("no panic")
+            .expect("rabbitmq-server restarts");
         }
     });
 
