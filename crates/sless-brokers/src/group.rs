@@ -16,20 +16,31 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-/// The watchdog. `$1` is the grace period in seconds; the rest is the command.
-/// `term` on stdin asks for a graceful stop (SIGTERM to the group, SIGKILL after the
-/// grace period); anything else, end of file included, kills at once. The trap is
-/// set only after the broker started, so the broker still dies of SIGTERM.
+/// The watchdog. `$1` is the grace period in seconds, `$2` a directory to remove
+/// when the owner is gone (empty: none); the rest is the command. `term` on stdin
+/// asks for a graceful stop (SIGTERM to the group, SIGKILL after the grace period),
+/// `kill` for an immediate one; either keeps the directory (for a restart). End of
+/// file means the owner dropped it or died: everything is killed from a new session
+/// (so the killer survives the kill), and once the group is gone the directory goes
+/// too, since statics holding a broker are never dropped. The trap is set only after
+/// the broker started, so the broker still dies of SIGTERM.
 const WATCHDOG: &str = r#"
-grace=$1; shift
+grace=$1; clean=$2; shift 2
 "$@" </dev/null &
 pid=$!
-read -r how || how=kill
+read -r how || how=gone
 trap '' TERM
 if [ "$how" = term ]; then
     ( sleep "$grace"; kill -KILL 0 ) &
     kill -TERM 0
     wait "$pid"
+fi
+if [ "$how" = gone ] && [ -n "$clean" ]; then
+    exec setsid sh -c '
+        kill -KILL "-$1"
+        i=0
+        while kill -0 "-$1" 2>/dev/null && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+        rm -rf "$2"' sless-cleanup "$$" "$clean"
 fi
 kill -KILL 0
 "#;
@@ -42,7 +53,8 @@ pub(crate) struct Group {
 }
 
 impl Group {
-    /// Starts `command` with `args` and `env`, its output appended to `log`.
+    /// Starts `command` with `args` and `env`, its output appended to `log`;
+    /// `cleanup` is removed once the broker is gone because its owner is.
     pub(crate) fn spawn(
         command: &str,
         args: &[String],
@@ -50,6 +62,7 @@ impl Group {
         cwd: &Path,
         log: &Path,
         grace: Duration,
+        cleanup: Option<&Path>,
     ) -> anyhow::Result<Group> {
         use std::os::unix::process::CommandExt;
         let out = File::options()
@@ -63,6 +76,7 @@ impl Group {
             .arg(WATCHDOG)
             .arg("sless-broker")
             .arg(grace.as_secs().max(1).to_string())
+            .arg(cleanup.map(|p| p.as_os_str()).unwrap_or_default())
             .arg(command)
             .args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
@@ -159,7 +173,7 @@ mod tests {
     }
 
     /// A broker that forks a helper of its own (as RabbitMQ does with epmd).
-    fn spawn_family(dir: &Path, grace: Duration) -> (Group, Vec<u32>) {
+    fn spawn_family(dir: &Path, grace: Duration, cleanup: Option<&Path>) -> (Group, Vec<u32>) {
         let pidfile = dir.join("pids");
         let script = format!(
             "sleep 1000 & echo $! > {p}; echo $$ >> {p}; exec sleep 1000",
@@ -172,6 +186,7 @@ mod tests {
             dir,
             &dir.join("log"),
             grace,
+            cleanup,
         )
         .expect("spawned");
         (group, pids(&pidfile))
@@ -180,22 +195,32 @@ mod tests {
     #[test]
     fn stopping_kills_the_broker_and_what_it_started() {
         let dir = tempfile::tempdir().expect("a temp dir");
-        let (mut group, pids) = spawn_family(dir.path(), Duration::from_secs(5));
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).expect("a data dir");
+        let (mut group, pids) = spawn_family(dir.path(), Duration::from_secs(5), Some(&data));
         assert!(group.running());
         group.stop(true);
         assert!(!group.running());
         for pid in pids {
             assert!(gone(pid), "process {pid} survived the stop");
         }
+        assert!(data.exists(), "a stop keeps the data for a restart");
     }
 
     #[test]
     fn closing_the_pipe_kills_at_once() {
         let dir = tempfile::tempdir().expect("a temp dir");
-        let (group, pids) = spawn_family(dir.path(), Duration::from_secs(600));
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).expect("a data dir");
+        let (group, pids) = spawn_family(dir.path(), Duration::from_secs(600), Some(&data));
         drop(group);
         for pid in pids {
             assert!(gone(pid), "process {pid} survived the drop");
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while data.exists() {
+            assert!(Instant::now() < deadline, "the data dir outlived its owner");
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }

@@ -96,7 +96,15 @@ impl Nats {
         ]
         .map(str::to_owned);
         let log = self.log();
-        let mut group = Group::spawn("nats-server", &args, &[], self.dir.path(), &log, STOP_GRACE)?;
+        let mut group = Group::spawn(
+            "nats-server",
+            &args,
+            &[],
+            self.dir.path(),
+            &log,
+            STOP_GRACE,
+            Some(self.dir.path()),
+        )?;
         let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
         wait_until(&mut group, START_TIMEOUT, "nats-server", &log, || {
             greets(addr)

@@ -171,6 +171,7 @@ impl RabbitMq {
             self.dir.path(),
             &log,
             STOP_GRACE,
+            Some(self.dir.path()),
         )?;
         let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
         wait_until(&mut group, START_TIMEOUT, "rabbitmq-server", &log, || {
