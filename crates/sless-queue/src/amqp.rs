@@ -1,9 +1,11 @@
 //! The AMQP 0-9-1 connector (RabbitMQ), on `lapin`.
 //!
-//! One connection per trigger, two channels on it: one consumes the durable queue
-//! `topic` (declared if missing) with manual acks and `basic.qos(prefetch)`, the
-//! other publishes with publisher confirms (for `response_topic`,
-//! `dead_letter_topic`, and the queue depth read for `lag`). A lost connection is
+//! One connection per trigger, two channels on it: one consumes the queue `topic`
+//! with manual acks and `basic.qos(prefetch)`, the other publishes with publisher
+//! confirms (for `response_topic` and `dead_letter_topic`). A queue that exists is
+//! used as it is (classic, quorum, with whatever arguments); a missing one is
+//! declared durable. Those checks, and the queue depth read for `lag`, run on
+//! short-lived channels of their own, since a failed check closes its channel. A lost connection is
 //! re-established with jittered back-off (200 ms doubling to 30 s) for as long as the
 //! connector runs; deliveries handed out on the old connection can no longer be
 //! acked (their ack fails), and the broker redelivers them: at-least-once.
@@ -53,6 +55,7 @@ pub struct AmqpConnector {
 
 /// The publishing side of one connection.
 struct PublishChannel {
+    connection: Arc<Connection>,
     channel: Channel,
     /// Queues declared on this connection, so each publish costs no declare.
     declared: Mutex<HashSet<String>>,
@@ -100,13 +103,13 @@ impl AmqpConnector {
     ) -> Result<(), String> {
         let properties = ConnectionProperties::default()
             .with_connection_name(format!("sless {}", self.config.label).into());
-        let connection = tokio::select! {
+        let connection = Arc::new(tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             c = tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&self.config.url, properties)) => {
                 c.map_err(|_| format!("no answer from the broker within {CONNECT_TIMEOUT:?}"))?
                     .map_err(|e| e.to_string())?
             }
-        };
+        });
         let result = self
             .consume(&connection, deliver, status, shutdown, connected)
             .await;
@@ -123,22 +126,15 @@ impl AmqpConnector {
 
     async fn consume(
         &self,
-        connection: &Connection,
+        connection: &Arc<Connection>,
         deliver: &mpsc::Sender<Received>,
         status: &ConnectionStatus,
         shutdown: &CancellationToken,
         connected: &mut bool,
     ) -> Result<(), String> {
         let err = |e: lapin::Error| e.to_string();
+        ensure_queue(connection, &self.queue).await.map_err(err)?;
         let consume_channel = connection.create_channel().await.map_err(err)?;
-        consume_channel
-            .queue_declare(
-                self.queue.clone(),
-                QueueDeclareOptions::durable(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(err)?;
         let prefetch = u16::try_from(self.config.prefetch.max(1)).unwrap_or(u16::MAX);
         consume_channel
             .basic_qos(prefetch, BasicQosOptions::default())
@@ -151,6 +147,7 @@ impl AmqpConnector {
             .await
             .map_err(err)?;
         let publisher = Arc::new(PublishChannel {
+            connection: connection.clone(),
             channel: publish_channel,
             declared: Mutex::new(HashSet::from([self.config.topic.clone()])),
         });
@@ -177,7 +174,7 @@ impl AmqpConnector {
             let delivery = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 _ = lag.tick() => {
-                    status.set_lag(self.depth(&publisher.channel).await);
+                    status.set_lag(depth(connection, &self.queue).await);
                     continue;
                 }
                 next = consumer.next() => next,
@@ -196,19 +193,6 @@ impl AmqpConnector {
                 },
             }
         }
-    }
-
-    /// Messages ready in the queue (not those handed out and unacked).
-    async fn depth(&self, channel: &Channel) -> Option<u64> {
-        let declared = channel
-            .queue_declare(
-                self.queue.clone(),
-                QueueDeclareOptions::durable().passive(),
-                FieldTable::default(),
-            )
-            .await
-            .ok()?;
-        Some(u64::from(declared.message_count()))
     }
 
     fn received(&self, delivery: Delivery) -> Received {
@@ -320,13 +304,7 @@ impl Connector for AmqpConnector {
         if !known {
             // Publishing to the default exchange reaches a queue only if it exists:
             // declare it durable first, as the consumer of `topic` would.
-            publisher
-                .channel
-                .queue_declare(
-                    queue.clone(),
-                    QueueDeclareOptions::durable(),
-                    FieldTable::default(),
-                )
+            ensure_queue(&publisher.connection, &queue)
                 .await
                 .map_err(broker)?;
             publisher
@@ -386,6 +364,54 @@ impl crate::Ack for AmqpAck {
             Err(e) => Err(QueueError::Broker(e.to_string())),
         }
     }
+}
+
+/// Declares `queue` durable unless it exists: an existing queue is taken as it is,
+/// whatever its type and arguments (a durable declare of a queue declared otherwise
+/// fails with PRECONDITION_FAILED). Each check runs on a channel of its own, which
+/// the broker closes when the check fails.
+async fn ensure_queue(connection: &Connection, queue: &ShortString) -> Result<(), lapin::Error> {
+    let probe = connection.create_channel().await?;
+    let exists = probe
+        .queue_declare(
+            queue.clone(),
+            QueueDeclareOptions::durable().passive(),
+            FieldTable::default(),
+        )
+        .await
+        .is_ok();
+    if exists {
+        let _ = probe.close(200, "checked".into()).await;
+        return Ok(());
+    }
+    let declare = connection.create_channel().await?;
+    declare
+        .queue_declare(
+            queue.clone(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await?;
+    // Closing a channel that did its work; a failure here changes nothing.
+    let _ = declare.close(200, "declared".into()).await;
+    Ok(())
+}
+
+/// Messages ready in the queue (not those handed out and unacked).
+async fn depth(connection: &Connection, queue: &ShortString) -> Option<u64> {
+    let channel = connection.create_channel().await.ok()?;
+    let declared = channel
+        .queue_declare(
+            queue.clone(),
+            QueueDeclareOptions::durable().passive(),
+            FieldTable::default(),
+        )
+        .await
+        .ok();
+    if declared.is_some() {
+        let _ = channel.close(200, "read".into()).await;
+    }
+    Some(u64::from(declared?.message_count()))
 }
 
 /// A name as AMQP's short string (at most 255 bytes).

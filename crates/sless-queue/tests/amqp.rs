@@ -305,6 +305,50 @@ async fn publish_without_a_connection_fails() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_existing_queue_of_another_type_is_used_as_it_is() {
+    let url = broker().url();
+    let (connection, channel) = plain_channel(&url).await;
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(LongString::from("quorum")),
+    );
+    for queue in ["quorum-in", "quorum-out"] {
+        channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions::durable(),
+                arguments.clone(),
+            )
+            .await
+            .expect("a quorum queue");
+    }
+    let mut running = Running::start(config(&url, "quorum-in")).connected().await;
+    publish(&channel, "quorum-in", b"q", BasicProperties::default()).await;
+    let received = running.next().await;
+    assert_eq!(text(&received), "q");
+    received.ack.ack().await.expect("acked");
+    running
+        .connector
+        .publish("quorum-out", Bytes::from_static(b"out"), &[])
+        .await
+        .expect("published to the existing queue");
+    let got = channel
+        .basic_get("quorum-out".into(), BasicGetOptions { no_ack: true })
+        .await
+        .expect("basic.get")
+        .expect("the message is in the queue");
+    assert_eq!(got.delivery.data, b"out");
+    assert!(
+        running.status.last_error().is_none(),
+        "{:?}",
+        running.status.last_error()
+    );
+    let _ = connection.close(200, "done".into()).await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn lag_is_the_number_of_messages_waiting_in_the_queue() {
     let url = broker().url();
     let queue = "lag";
