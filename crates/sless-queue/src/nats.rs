@@ -511,15 +511,26 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// Whether the server refused us (credentials, permissions).
+/// Whether the server refused us (credentials, permissions) or cannot serve the
+/// source at all (JetStream off): shown as `failed` while the connector retries.
 fn is_refused(error: &str) -> bool {
     let error = error.to_ascii_lowercase();
-    error.contains("authorization violation") || error.contains("permissions violation")
+    error.contains("authorization violation")
+        || error.contains("permissions violation")
+        || error.contains("jetstream not enabled")
+        || error.contains("jetstream unavailable")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_without_jetstream_or_refusing_us_is_a_failed_source() {
+        assert!(is_refused("creating stream SLESS_x: jetstream unavailable"));
+        assert!(is_refused("Authorization Violation"));
+        assert!(!is_refused("connection refused (os error 111)"));
+    }
 
     #[test]
     fn stream_names_are_valid_and_distinct() {
