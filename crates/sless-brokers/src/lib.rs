@@ -7,6 +7,13 @@
 
 use std::net::TcpListener;
 
+mod group;
+pub mod nats;
+pub mod rabbitmq;
+
+pub use nats::Nats;
+pub use rabbitmq::RabbitMq;
+
 /// A free TCP port on 127.0.0.1 (bound, then released for the broker to take).
 pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
