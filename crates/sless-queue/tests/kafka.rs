@@ -82,6 +82,17 @@ impl Running {
         .expect("the connector reports connected");
     }
 
+    async fn wait_lag(&self, lag: u64) {
+        tokio::time::timeout(WAIT, async {
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            while self.status.lag() != Some(lag) {
+                tick.tick().await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("lag {lag}, not {:?}", self.status.lag()));
+    }
+
     async fn next(&mut self) -> Received {
         tokio::time::timeout(WAIT, self.rx.recv())
             .await
@@ -219,6 +230,20 @@ async fn a_new_group_reading_from_latest_gets_everything_published_after_connect
     // And right after `connected`, nothing is skipped.
     produce(&topic, "k", &["right-after".to_string()]).await;
     assert_eq!(text(&c.next().await), "right-after");
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lag_counts_what_is_not_finished_yet() {
+    let (topic, group) = (unique("lag"), unique("g"));
+    let mut c = Running::start(config(&topic, &group, StartFrom::Latest)).await;
+    produce(&topic, "k", &payloads("m", 5)).await;
+    let got = c.take(5).await;
+    c.wait_lag(5).await;
+    for r in got {
+        ack(r).await;
+    }
+    c.wait_lag(0).await;
     c.stop().await;
 }
 

@@ -29,7 +29,7 @@ use crate::{Ack, ConnectionStatus, Connector, Message, QueueError, Received, Sou
 const COMMIT_INTERVAL: Duration = Duration::from_millis(200);
 /// Bound on the broker round trips made while a new assignment is positioned.
 const POSITION_TIMEOUT: Duration = Duration::from_secs(10);
-/// Delays between looks for the topic: from 200 ms, doubling, at most 30 s, jittered.
+/// Delays between looks for the topic, and after consumer errors: from 200 ms, doubling, at most 30 s, jittered.
 const TOPIC_RETRY: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
 /// How long a publish waits for room in the producer's queue.
 const PUBLISH_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -437,17 +437,28 @@ impl Connector for KafkaConnector {
             })
         };
 
+        let mut errors = 0u32;
         loop {
             let received = tokio::select! {
                 _ = shutdown.cancelled() => break,
                 r = consumer.recv() => r.map(|m| to_message(&m)),
             };
             let message = match received {
-                Ok(m) => m,
+                Ok(m) => {
+                    errors = 0;
+                    m
+                }
                 Err(e) => {
                     // librdkafka reconnects on its own; errors here are informative
-                    // (a partition's end, a broker gone), never a reason to stop.
+                    // (a broker gone, a topic deleted), never a reason to stop, but
+                    // repeated ones are waited out instead of spun on.
                     tracing::debug!(trigger = %self.config.label, error = %e, "kafka: consumer error");
+                    errors = errors.saturating_add(1);
+                    let wait = TOPIC_RETRY.jittered(errors, rand::rng().random());
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
                     continue;
                 }
             };
