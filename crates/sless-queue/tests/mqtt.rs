@@ -173,6 +173,30 @@ async fn acknowledged_messages_are_not_delivered_again_after_a_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn acknowledgements_in_any_order_settle_exactly_their_messages() {
+    let broker = Mosquitto::start().expect("mosquitto");
+    let mut c = Running::start(config(&broker, "orders", "g1")).await;
+    publish(broker.port(), "orders", &payloads("m", 6)).await;
+    let mut got = c.take(6).await;
+    // m-2 never finishes; the others finish last first.
+    let unfinished = got.remove(2);
+    while let Some(r) = got.pop() {
+        r.ack.ack().await.expect("acked");
+    }
+    drop(unfinished);
+    c.stop().await;
+
+    let mut c = Running::start(config(&broker, "orders", "g1")).await;
+    let again = c.next().await;
+    assert_eq!(text(&again), "m-2");
+    assert!(again.message.redelivered);
+    again.ack.ack().await.expect("acked");
+    publish(broker.port(), "orders", &["after".to_string()]).await;
+    assert_eq!(text(&c.next().await), "after", "nothing else came back");
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn unacknowledged_messages_are_delivered_again_after_a_restart() {
     let broker = Mosquitto::start().expect("mosquitto");
     let mut c = Running::start(config(&broker, "orders", "g1")).await;
