@@ -5,6 +5,12 @@
 //! Nothing here is used by the server; it is a dev-dependency of the crates whose
 //! tests need a broker.
 
+pub mod kafka;
+pub mod mosquitto;
+
+pub use kafka::KafkaMock;
+pub use mosquitto::Mosquitto;
+
 use std::net::TcpListener;
 
 mod group;
