@@ -114,8 +114,8 @@ impl AmqpConnector {
             .consume(&connection, deliver, status, shutdown, connected)
             .await;
         self.set_publisher(None);
-        // Closing (rather than dropping) makes the broker requeue what was not acked
-        // at once, and stops lapin's IO loop.
+        // Closing rather than dropping ends the broker's side cleanly (it requeues
+        // what was not acked) and stops lapin's IO loop.
         let _ = tokio::time::timeout(
             Duration::from_secs(5),
             connection.close(200, "sless connector stopping".into()),
@@ -174,7 +174,10 @@ impl AmqpConnector {
             let delivery = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 _ = lag.tick() => {
-                    status.set_lag(depth(connection, &self.queue).await);
+                    // A broker slow to answer leaves the last figure in place.
+                    if let Ok(depth) = tokio::time::timeout(LAG_EVERY, depth(connection, &self.queue)).await {
+                        status.set_lag(depth);
+                    }
                     continue;
                 }
                 next = consumer.next() => next,

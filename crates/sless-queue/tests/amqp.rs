@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::StreamExt;
 use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -596,10 +597,68 @@ async fn throughput_through_the_connector() {
         "amqp: {N} messages published in {published:?}, consumed and acked through the connector in {elapsed:?}: {:.0} msg/s",
         N as f64 / elapsed.as_secs_f64()
     );
-    let _ = connection.close(200, "done".into()).await;
     shutdown.cancel();
     tokio::time::timeout(WAIT, task)
         .await
         .expect("stops")
         .expect("no panic");
+
+    // The same with a plain client on a queue of its own: the broker's own rate,
+    // to see what the connector costs.
+    let plain_queue = "throughput-plain";
+    declare(&channel, plain_queue).await;
+    let consume_channel = connection.create_channel().await.expect("a channel");
+    consume_channel
+        .basic_qos(256, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    let mut consumer = consume_channel
+        .basic_consume(
+            plain_queue.into(),
+            "plain".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consuming");
+    let started = Instant::now();
+    let mut confirms = futures::stream::FuturesUnordered::new();
+    for i in 0..N {
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                plain_queue.into(),
+                BasicPublishOptions::default(),
+                format!("m{i}").as_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .expect("published");
+        confirms.push(confirm);
+    }
+    let mut acks = futures::stream::FuturesUnordered::new();
+    let mut received = 0;
+    while received < N {
+        tokio::select! {
+            Some(_) = confirms.next(), if !confirms.is_empty() => {}
+            Some(result) = acks.next(), if !acks.is_empty() => {
+                let result: lapin::Result<bool> = result;
+                result.expect("acked");
+            }
+            delivery = tokio::time::timeout(WAIT, consumer.next()) => {
+                let delivery = delivery.expect("messages keep coming").expect("consuming").expect("a delivery");
+                received += 1;
+                acks.push(async move { delivery.acker.ack(BasicAckOptions::default()).await });
+            }
+        }
+    }
+    while let Some(result) = acks.next().await {
+        result.expect("acked");
+    }
+    let plain = started.elapsed();
+    println!(
+        "amqp: the same with a plain client: {plain:?}: {:.0} msg/s",
+        N as f64 / plain.as_secs_f64()
+    );
+    let _ = connection.close(200, "done".into()).await;
 }

@@ -541,4 +541,79 @@ async fn throughput_through_the_connector() {
         .await
         .expect("stops")
         .expect("no panic");
+
+    // The same with a plain client (a durable pull consumer of its own on a subject
+    // of its own, double acks as the connector's): the server's own rate, to see
+    // what the connector costs.
+    let plain_subject = "throughput-plain";
+    let js = plain(&url).await;
+    let stream = js
+        .create_stream(jetstream::stream::Config {
+            name: "PLAIN".into(),
+            subjects: vec![plain_subject.into()],
+            ..Default::default()
+        })
+        .await
+        .expect("a stream");
+    let consumer = stream
+        .get_or_create_consumer(
+            "plain",
+            jetstream::consumer::pull::Config {
+                durable_name: Some("plain".into()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                max_ack_pending: 256,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("a consumer");
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(256)
+        .messages()
+        .await
+        .expect("pulling");
+    let started = Instant::now();
+    let publisher = tokio::spawn(async move {
+        for chunk in 0..N / 1000 {
+            let mut confirms = futures::stream::FuturesUnordered::new();
+            for i in chunk * 1000..(chunk + 1) * 1000 {
+                let confirm = js
+                    .publish(plain_subject, Bytes::from(format!("m{i}")))
+                    .await
+                    .expect("published");
+                confirms.push(confirm.into_future());
+            }
+            while let Some(confirm) = confirms.next().await {
+                confirm.expect("acknowledged by the stream");
+            }
+        }
+    });
+    let mut acks = futures::stream::FuturesUnordered::new();
+    let mut received = 0;
+    while received < N {
+        tokio::select! {
+            Some(result) = acks.next(), if !acks.is_empty() => {
+                let result: Result<(), async_nats::Error> = result;
+                result.expect("acked");
+            }
+            message = tokio::time::timeout(WAIT, messages.next()) => {
+                let message = message.expect("messages keep coming").expect("pulling").expect("a message");
+                received += 1;
+                acks.push(async move { message.double_ack().await });
+            }
+        }
+    }
+    while let Some(result) = acks.next().await {
+        result.expect("acked");
+    }
+    let plain = started.elapsed();
+    tokio::time::timeout(WAIT, publisher)
+        .await
+        .expect("published in time")
+        .expect("no panic");
+    println!(
+        "nats: the same with a plain client: {plain:?}: {:.0} msg/s",
+        N as f64 / plain.as_secs_f64()
+    );
 }
