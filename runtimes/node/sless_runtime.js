@@ -181,13 +181,17 @@ async function loadEntrypoint(spec, codeDir) {
 
 /** The handler's second argument: who is calling and until when. */
 class Context {
-  constructor(requestId, source, identity, deadlineMs) {
+  constructor(requestId, source, identity, deadlineMs, message) {
     this.request_id = requestId;
     this.source = source;
     this.function_name = identity.functionName;
     this.namespace = identity.namespace;
     this.revision = identity.revision;
     this.deadline_ms = deadlineMs;
+    // A delivered message (queue and device triggers, async calls) and which attempt this is.
+    this.message = message ?? undefined;
+    const attempt = message !== null && typeof message === 'object' ? message.attempt : undefined;
+    this.attempt = Number.isInteger(attempt) ? attempt : undefined;
   }
 
   /** Milliseconds left until the deadline (never negative), or null when there is none. */
@@ -269,6 +273,19 @@ function decodeEvent(buf) {
   } catch (err) {
     if (err instanceof RangeError) throw new Error('nested too deeply');
     throw err;
+  }
+}
+
+/**
+ * `context.message` from the `x-sless-message` header (JSON); undefined when it is absent or is
+ * not JSON (the platform always sends JSON: anything else is not a message).
+ */
+function parseMessage(raw) {
+  if (!raw) return undefined;
+  try {
+    return JSON.parse(raw);
+  } catch {
+    return undefined;
   }
 }
 
@@ -457,6 +474,7 @@ function makeServer(app) {
       headers['x-sless-source'] || '',
       app.identity,
       parseDeadline(headers['x-sless-deadline-ms']),
+      parseMessage(headers['x-sless-message']),
     );
     let status;
     let body;

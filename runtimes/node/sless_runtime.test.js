@@ -197,6 +197,7 @@ exports.handle = async (event, context) => {
       namespace: context.namespace, revision: context.revision, deadline_ms: context.deadline_ms,
       remaining_ms: context.remaining_ms(),
     };
+    case 'message': return { message: context.message ?? null, attempt: context.attempt ?? null };
     default: return event;
   }
 };
@@ -302,6 +303,25 @@ describe('running shim', () => {
     assert.ok(remaining > 50_000 && remaining <= 60_000, String(remaining));
     const none = await shim.invoke({ kind: 'context' });
     assert.deepEqual([none.body.deadline_ms, none.body.remaining_ms], [null, null]);
+  });
+
+  test('delivered messages reach the context', async () => {
+    const message = {
+      kind: 'amqp', topic: 'orders', key: 'k1', id: 'm-1', headers: { 'x-trace': 'caf\u00e9' }, attempt: 2,
+    };
+    // The platform sends the header as ASCII, with \uXXXX escapes.
+    const ascii = JSON.stringify(message).replace(
+      /[\u0080-\uffff]/g,
+      (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`,
+    );
+    const res = await shim.invoke({ kind: 'message' }, { 'x-sless-source': 'queue', 'x-sless-message': ascii });
+    assert.equal(res.status, 200);
+    assert.deepEqual(res.body, { message, attempt: 2 });
+    // Not a delivery: neither is set.
+    assert.deepEqual((await shim.invoke({ kind: 'message' })).body, { message: null, attempt: null });
+    // A header that is not JSON is no message.
+    const bad = await shim.invoke({ kind: 'message' }, { 'x-sless-message': '{not json' });
+    assert.deepEqual([bad.status, bad.body], [200, { message: null, attempt: null }]);
   });
 
   test('async handlers run concurrently', async () => {

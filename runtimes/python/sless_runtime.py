@@ -253,17 +253,33 @@ def _positional_arity(func):
 
 
 class Context:
-    """The handler's second argument: who is calling and until when."""
+    """The handler's second argument: who is calling and until when, and for a delivered message
+    (queue and device triggers, async calls) the message and which attempt this is."""
 
-    __slots__ = ("request_id", "source", "function_name", "namespace", "revision", "deadline_ms")
+    __slots__ = (
+        "request_id",
+        "source",
+        "function_name",
+        "namespace",
+        "revision",
+        "deadline_ms",
+        "message",
+        "attempt",
+    )
 
-    def __init__(self, request_id, source, function_name, namespace, revision, deadline_ms):
+    def __init__(
+        self, request_id, source, function_name, namespace, revision, deadline_ms, message=None
+    ):
         self.request_id = request_id
         self.source = source
         self.function_name = function_name
         self.namespace = namespace
         self.revision = revision
         self.deadline_ms = deadline_ms
+        self.message = message
+        attempt = message.get("attempt") if isinstance(message, dict) else None
+        # bool is an int too, but never an attempt number.
+        self.attempt = attempt if type(attempt) is int else None
 
     def remaining_ms(self):
         """Milliseconds left until the deadline (never negative), or None when there is none."""
@@ -272,14 +288,30 @@ class Context:
         return max(0, self.deadline_ms - int(time.time() * 1000))
 
     def __repr__(self):
-        return "Context(request_id=%r, source=%r, function_name=%r, namespace=%r, revision=%r, deadline_ms=%r)" % (
-            self.request_id,
-            self.source,
-            self.function_name,
-            self.namespace,
-            self.revision,
-            self.deadline_ms,
+        return (
+            "Context(request_id=%r, source=%r, function_name=%r, namespace=%r, revision=%r, "
+            "deadline_ms=%r, attempt=%r)"
+            % (
+                self.request_id,
+                self.source,
+                self.function_name,
+                self.namespace,
+                self.revision,
+                self.deadline_ms,
+                self.attempt,
+            )
         )
+
+
+def decode_message(raw):
+    """``context.message`` from the ``x-sless-message`` header (JSON); ``None`` when it is absent
+    or is not JSON (the platform always sends JSON: anything else is not a message)."""
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
 
 
 class _Unserializable(TypeError):
@@ -377,6 +409,7 @@ class Invoker:
             self.namespace,
             self.revision,
             deadline_ms,
+            decode_message(headers.get("x-sless-message")),
         )
 
     def _args(self, event, headers):

@@ -532,6 +532,40 @@ class ContextTest(unittest.TestCase):
         finally:
             shim.stop()
 
+    def test_delivered_messages_reach_the_context(self):
+        shim = Shim(
+            {
+                "handler.py": """
+                def handle(event, context):
+                    return {"message": context.message, "attempt": context.attempt}
+                """
+            }
+        ).start()
+        try:
+            shim.wait_ready()
+            message = {
+                "kind": "amqp",
+                "topic": "orders",
+                "key": "k1",
+                "id": "m-1",
+                "headers": {"x-trace": "caf\u00e9"},
+                "attempt": 2,
+            }
+            status, _, body = shim.invoke(
+                {"order": 1},
+                {"x-sless-source": "queue", "x-sless-message": json.dumps(message)},
+            )
+            self.assertEqual(status, 200)
+            self.assertEqual(body, {"message": message, "attempt": 2})
+            # Not a delivery: neither is set.
+            status, _, body = shim.invoke({})
+            self.assertEqual(body, {"message": None, "attempt": None})
+            # A header that is not JSON is no message.
+            status, _, body = shim.invoke({}, {"x-sless-message": "{not json"})
+            self.assertEqual((status, body), (200, {"message": None, "attempt": None}))
+        finally:
+            shim.stop()
+
     def test_async_handler_is_awaited_with_context_and_zero_arg_handler_works(self):
         shim = Shim(
             {

@@ -586,6 +586,15 @@ pub struct Invocation {
     pub cold_start: bool,
     /// The platform's error, or the handler's exception message.
     pub error: Option<String>,
+    /// Deliveries (queue, device, async): the attempt it was, from 1. Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// The queue or device trigger that delivered it. Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<String>,
+    /// The async call it was an attempt of. Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
 }
 
 /// What started an invocation, as its record names it: one of the platform's

@@ -47,6 +47,8 @@ fn parse_filter(params: &[(String, String)]) -> Result<InvocationFilter, ApiErro
         if value.is_empty() {
             match key.as_str() {
                 "function" => filter.function = None,
+                "trigger" => filter.trigger = None,
+                "call_id" => filter.call_id = None,
                 "status" => filter.status = None,
                 "source" => filter.source = None,
                 "since" => filter.since = None,
@@ -59,6 +61,18 @@ fn parse_filter(params: &[(String, String)]) -> Result<InvocationFilter, ApiErro
             "function" => {
                 sless_core::validate_name("function", value)?;
                 filter.function = Some(value.clone());
+            }
+            "trigger" => {
+                sless_core::validate_name("trigger", value)?;
+                filter.trigger = Some(value.clone());
+            }
+            "call_id" => {
+                if value.len() > 200 || value.chars().any(char::is_control) {
+                    return Err(ApiError::bad(format!(
+                        "call_id: must be a call id (at most 200 characters), got {value:?}"
+                    )));
+                }
+                filter.call_id = Some(value.clone());
             }
             "status" => {
                 let status = value
@@ -107,7 +121,7 @@ fn parse_filter(params: &[(String, String)]) -> Result<InvocationFilter, ApiErro
 
 fn unknown(parameter: &str) -> ApiError {
     ApiError::bad(format!(
-        "{parameter}: unknown query parameter (function, status, source, since and limit are known)"
+        "{parameter}: unknown query parameter (function, trigger, call_id, status, source, since and limit are known)"
     ))
 }
 
@@ -125,6 +139,9 @@ fn invocation_body(r: &InvocationRecord) -> sless_api_types::Invocation {
         status: r.status,
         cold_start: r.cold_start,
         error: r.error.clone(),
+        attempt: r.attempt,
+        trigger: r.trigger.clone(),
+        call_id: r.call_id.clone(),
     }
 }
 
@@ -160,6 +177,7 @@ mod tests {
                 source: Some(InvocationSource::Invoke),
                 since: Some("2025-01-31T12:00:00Z".parse().unwrap()),
                 limit: Some(5),
+                ..InvocationFilter::default()
             }
         );
         let empty = [
@@ -223,6 +241,9 @@ mod tests {
             status: 500,
             cold_start: true,
             error: Some("boom".into()),
+            attempt: None,
+            trigger: None,
+            call_id: None,
         };
         assert_eq!(
             sless_api_types::to_body(&invocation_body(&r)).unwrap(),

@@ -299,6 +299,12 @@ pub struct InvocationParams {
     /// Only this function's.
     #[param(pattern = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$")]
     function: Option<String>,
+    /// Only the deliveries of this queue or device trigger.
+    #[param(pattern = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$")]
+    trigger: Option<String>,
+    /// Only the attempts of this async call.
+    #[param(max_length = 200)]
+    call_id: Option<String>,
     /// Only those answered with this HTTP status (100 to 599).
     #[param(pattern = "^(|[1-5][0-9][0-9])$")]
     status: Option<String>,

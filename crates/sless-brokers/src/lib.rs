@@ -5,7 +5,20 @@
 //! Nothing here is used by the server; it is a dev-dependency of the crates whose
 //! tests need a broker.
 
+pub mod kafka;
+pub mod mosquitto;
+
+pub use kafka::KafkaMock;
+pub use mosquitto::Mosquitto;
+
 use std::net::TcpListener;
+
+mod group;
+pub mod nats;
+pub mod rabbitmq;
+
+pub use nats::Nats;
+pub use rabbitmq::RabbitMq;
 
 /// A free TCP port on 127.0.0.1 (bound, then released for the broker to take).
 pub fn free_port() -> anyhow::Result<u16> {

@@ -14,7 +14,7 @@ use sless_core::{TriggerKind, TriggerStatus};
 use sless_invoke::{Call, HttpRoute, HttpRoutes, Invoker};
 use sless_store::{TriggerRecord, TriggerStore};
 use sless_triggers::{
-    CronScheduler, CronState, CronTrigger, Fire, FireOutcome, FireRequest, Schedule,
+    CronScheduler, CronState, CronTrigger, Fire, FireOutcome, FireRequest, FireResponse, Schedule,
     SchedulerConfig, StateSink, SystemClock,
 };
 
@@ -180,7 +180,10 @@ impl Triggers {
     }
 }
 
-/// Fires go to the invocation pipeline, which records them.
+/// Fires go to the invocation pipeline, which records them. A delivery (queue and
+/// device triggers, async calls) is recorded with its attempt, trigger or call and
+/// the message's id as its request id, and answers with the handler's answer mapped
+/// to HTTP as the gateway maps it: a handler returning `{"statusCode": 400}` is a 400.
 struct InvokerFire {
     invoker: Arc<Invoker>,
 }
@@ -200,13 +203,61 @@ impl Fire for InvokerFire {
             }
         };
         let source = req.source;
-        let request_id = sless_invoke::new_request_id();
-        let call = Call::new(&req.namespace, &req.function, source, &request_id, event);
-        let done = self.invoker.run(call).await;
+        let Some(delivery) = &req.delivery else {
+            let request_id = sless_invoke::new_request_id();
+            let call = Call::new(&req.namespace, &req.function, source, &request_id, event);
+            let done = self.invoker.run(call).await;
+            return FireOutcome {
+                status: done.status,
+                error: done.error,
+                response: None,
+            };
+        };
+        let mut call = Call::new(
+            &req.namespace,
+            &req.function,
+            source,
+            &delivery.request_id,
+            event,
+        )
+        .attempt(delivery.attempt);
+        if !req.trigger.is_empty() {
+            call = call.trigger(&req.trigger);
+        }
+        if let Some(id) = &delivery.call_id {
+            call = call.call_id(id);
+        }
+        if let Some(message) = &delivery.message {
+            match sless_invoke::encode_message(message) {
+                Ok(message) => call = call.message(message),
+                // A message is built from JSON values; the handler still gets its event.
+                Err(e) => {
+                    tracing::warn!(namespace = %req.namespace, function = %req.function, error = %e, "cannot encode the message for the handler's context")
+                }
+            }
+        }
+        let outcome = self.invoker.invoke(call).await;
+        let error = outcome.error();
+        let (status, response) = match &outcome.result {
+            Ok(answer) => {
+                let mapped = sless_invoke::response::map_answer(answer.ok, &answer.body);
+                let status = mapped.status().as_u16();
+                let headers = sless_invoke::response::header_pairs(&mapped);
+                let response = FireResponse {
+                    status,
+                    headers,
+                    body: mapped.into_body(),
+                };
+                (status, Some(response))
+            }
+            Err(e) => (sless_invoke::status_of(e).0, None),
+        };
+        // The record keeps the mapped status, as the gateway's do.
+        let _ = outcome.finish(status);
         FireOutcome {
-            status: done.status,
-            error: done.error,
-            response: None,
+            status,
+            error,
+            response,
         }
     }
 

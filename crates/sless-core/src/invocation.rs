@@ -85,6 +85,13 @@ pub struct InvocationRecord {
     pub cold_start: bool,
     /// The platform's error for a failed invocation, or the handler's exception message.
     pub error: Option<String>,
+    /// Deliveries (queue, device, async): which attempt this was, 1-based. A message
+    /// the broker delivered again starts at 1 again, under the same `request_id`.
+    pub attempt: Option<u32>,
+    /// The queue or device trigger that delivered it.
+    pub trigger: Option<String>,
+    /// The async call it was an attempt of.
+    pub call_id: Option<String>,
 }
 
 #[cfg(test)]

@@ -601,6 +601,12 @@ fn invoke_head(req: &InvokeRequest, deadline_ms: Option<u64>) -> Result<Vec<u8>,
             .header("x-sless-deadline-ms", &deadline.to_string())
             .map_err(bad)?;
     }
+    if let Some(message) = &req.message {
+        // Not UTF-8 is not JSON: no message is better than a request refused.
+        if let Ok(message) = std::str::from_utf8(message) {
+            head = head.header("x-sless-message", message).map_err(bad)?;
+        }
+    }
     Ok(head.finish(req.event.len()))
 }
 
@@ -1109,6 +1115,25 @@ fn utf8_cut(bytes: &[u8]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_delivered_message_travels_as_a_header() {
+        let mut req = InvokeRequest {
+            event: Bytes::from_static(b"{}"),
+            request_id: "m-1".into(),
+            source: sless_core::invocation::InvocationSource::Queue,
+            message: Some(Bytes::from_static(br#"{"id":"m-1","attempt":2}"#)),
+        };
+        let head = String::from_utf8(invoke_head(&req, None).expect("head")).expect("utf-8");
+        assert!(
+            head.contains("\r\nx-sless-message: {\"id\":\"m-1\",\"attempt\":2}\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("\r\nx-sless-source: queue\r\n"), "{head}");
+        req.message = None;
+        let head = String::from_utf8(invoke_head(&req, None).expect("head")).expect("utf-8");
+        assert!(!head.contains("x-sless-message"), "{head}");
+    }
 
     async fn logged(output: &[u8]) -> Vec<String> {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -136,6 +136,9 @@ pub struct InvokeRequest {
     pub request_id: String,
     /// What started the invocation (sent to the instance as `X-Sless-Source`).
     pub source: sless_core::invocation::InvocationSource,
+    /// A delivered message's `context.message`, as ASCII JSON (sent to the instance as
+    /// `X-Sless-Message`); `None` for calls that are no delivery.
+    pub message: Option<Bytes>,
 }
 
 /// The handler's answer.

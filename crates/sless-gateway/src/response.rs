@@ -1,19 +1,14 @@
 //! Mapping a handler's return value (or the platform's failure) to an HTTP response.
+//! The mapping of a handler's answer is `sless_invoke::response`'s, shared with the
+//! deliveries (queue triggers, async calls); this module makes it an axum response.
 
 use axum::body::Body;
-use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
-use base64::Engine;
 use bytes::Bytes;
-use serde_json::Value;
 use sless_executor::InvokeError;
 use sless_invoke::is_start_failure;
-
-use crate::event::HOP_BY_HOP;
-
-const JSON: &str = "application/json";
-const TEXT: &str = "text/plain; charset=utf-8";
-const HTML: &str = "text/html; charset=utf-8";
+use sless_invoke::response::JSON;
 
 /// The platform's own error shape, `{"error": {"code", "message"}}`
 /// ([`sless_api_types::ErrorBody`]), as a response.
@@ -132,120 +127,19 @@ fn plain(status: StatusCode, content_type: &'static str, body: Bytes) -> Respons
     r
 }
 
-fn text_type(s: &str) -> &'static str {
-    if s.trim_start().starts_with('<') {
-        HTML
-    } else {
-        TEXT
-    }
-}
-
-/// Maps the shim's answer to a response: `ok == false` is the handler's exception
-/// (`500 {"error": ...}`); otherwise the return value, per the handler conventions.
+/// Maps the shim's answer to a response ([`sless_invoke::response::map_answer`]):
+/// `ok == false` is the handler's exception (`500 {"error": ...}`); otherwise the
+/// return value, per the handler conventions.
 pub fn result_response(ok: bool, body: &Bytes) -> Response {
-    if !ok {
-        return plain(StatusCode::INTERNAL_SERVER_ERROR, JSON, body.clone());
-    }
-    let first = body.iter().copied().find(|b| !b.is_ascii_whitespace());
-    // Only objects (which may be a statusCode response) and strings need a look
-    // inside; every other JSON value is passed through as it came.
-    // An object without a "statusCode" key anywhere in it maps to itself: no need
-    // to parse it (the common case, on every request's path).
-    if first == Some(b'{') && !contains(body, b"\"statusCode\"") {
-        return plain(StatusCode::OK, JSON, body.clone());
-    }
-    let value: Value = match first {
-        Some(b'{') | Some(b'"') => match serde_json::from_slice(body) {
-            Ok(v) => v,
-            Err(_) => return plain(StatusCode::OK, JSON, body.clone()),
-        },
-        None => return plain(StatusCode::OK, JSON, Bytes::from_static(b"null")),
-        _ => return plain(StatusCode::OK, JSON, body.clone()),
-    };
-    match value {
-        Value::String(s) => {
-            let ct = text_type(&s);
-            plain(StatusCode::OK, ct, Bytes::from(s))
-        }
-        Value::Object(map) if map.get("statusCode").is_some_and(|v| v.is_u64()) => structured(map),
-        _ => plain(StatusCode::OK, JSON, body.clone()),
-    }
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-/// `{"statusCode": N, "headers": {...}, "body": ..., "isBase64Encoded": bool}`.
-fn structured(mut map: serde_json::Map<String, Value>) -> Response {
-    let code = map.get("statusCode").and_then(Value::as_u64).unwrap_or(200);
-    let Some(status) = u16::try_from(code)
-        .ok()
-        .and_then(|c| StatusCode::from_u16(c).ok())
-    else {
-        return crate::error_response(
-            StatusCode::BAD_GATEWAY,
-            "bad_status",
-            &format!("the function returned statusCode {code}, which is not an HTTP status"),
-        );
-    };
-    let base64 = map
-        .get("isBase64Encoded")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let (body, default_type): (Bytes, Option<&'static str>) = match map.remove("body") {
-        None | Some(Value::Null) => (Bytes::new(), None),
-        Some(Value::String(s)) if base64 => {
-            match base64::engine::general_purpose::STANDARD.decode(s.as_bytes()) {
-                Ok(raw) => (Bytes::from(raw), Some("application/octet-stream")),
-                Err(_) => {
-                    return crate::error_response(
-                        StatusCode::BAD_GATEWAY,
-                        "bad_body",
-                        "the function's isBase64Encoded body is not valid base64",
-                    );
-                }
-            }
-        }
-        Some(Value::String(s)) => {
-            let ct = text_type(&s);
-            (Bytes::from(s), Some(ct))
-        }
-        Some(other) => (Bytes::from(other.to_string()), Some(JSON)),
-    };
-    let mut r = Response::new(Body::from(body));
-    *r.status_mut() = status;
-    if let Some(Value::Object(headers)) = map.get("headers") {
-        for (k, v) in headers {
-            let value = match v {
-                Value::String(s) => s.clone(),
-                Value::Null => continue,
-                other => other.to_string(),
-            };
-            let Ok(name) = HeaderName::from_bytes(k.as_bytes()) else {
-                continue;
-            };
-            if HOP_BY_HOP.contains(&name.as_str()) || name == header::CONTENT_LENGTH {
-                continue;
-            }
-            if let Ok(value) = HeaderValue::from_str(&value) {
-                r.headers_mut().append(name, value);
-            }
-        }
-    }
-    if !r.headers().contains_key(header::CONTENT_TYPE)
-        && let Some(ct) = default_type
-    {
-        r.headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
-    }
-    r
+    sless_invoke::response::map_answer(ok, body).map(Body::from)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+    use serde_json::Value;
+    use sless_invoke::response::{HTML, TEXT};
 
     /// The shared DTO writes exactly the bytes the error shape always had, escapes included.
     #[test]

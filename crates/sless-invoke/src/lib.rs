@@ -15,6 +15,7 @@
 
 mod failed;
 mod record;
+pub mod response;
 mod routes;
 
 use std::sync::Arc;
@@ -58,6 +59,71 @@ pub fn encode_event(event: &serde_json::Value) -> Result<Bytes, EventError> {
     Ok(Bytes::from(serde_json::to_vec(event)?))
 }
 
+/// The longest `context.message` sent whole, in bytes of JSON: the instance protocol's
+/// request head is at most 64 KiB, and the message travels in a header of it.
+pub const MAX_MESSAGE_BYTES: usize = 48 * 1024;
+
+/// A delivered message's `context.message` as the instance protocol carries it: JSON
+/// in ASCII (every other character escaped as `\uXXXX`, so a header carries it
+/// unchanged). When it is longer than [`MAX_MESSAGE_BYTES`] its `headers` are left out
+/// (and `"truncated": true` added); when that is still too long, all but the
+/// message's `kind`, `topic`, `key`, `partition`, `offset`, `id`, `attempt` and
+/// `published_at`.
+pub fn encode_message(message: &serde_json::Value) -> Result<Bytes, EventError> {
+    let whole = ascii_json(message)?;
+    if whole.len() <= MAX_MESSAGE_BYTES {
+        return Ok(Bytes::from(whole));
+    }
+    let serde_json::Value::Object(fields) = message else {
+        return Ok(Bytes::from(ascii_json(
+            &serde_json::json!({"truncated": true}),
+        )?));
+    };
+    let mut slim = fields.clone();
+    slim.remove("headers");
+    slim.insert("truncated".into(), serde_json::Value::Bool(true));
+    let slimmer = ascii_json(&serde_json::Value::Object(slim.clone()))?;
+    if slimmer.len() <= MAX_MESSAGE_BYTES {
+        return Ok(Bytes::from(slimmer));
+    }
+    const KEPT: [&str; 8] = [
+        "kind",
+        "topic",
+        "key",
+        "partition",
+        "offset",
+        "id",
+        "attempt",
+        "published_at",
+    ];
+    slim.retain(|k, v| {
+        k == "truncated" || (KEPT.contains(&k.as_str()) && v.to_string().len() < 1024)
+    });
+    Ok(Bytes::from(ascii_json(&serde_json::Value::Object(slim))?))
+}
+
+/// `value` as JSON with every non-ASCII character escaped.
+fn ascii_json(value: &serde_json::Value) -> Result<Vec<u8>, EventError> {
+    let text = serde_json::to_string(value)?;
+    if text.is_ascii() {
+        return Ok(text.into_bytes());
+    }
+    // Outside strings JSON is ASCII already, so escaping every other character is
+    // exact: inside a string `\uXXXX` (a surrogate pair above U+FFFF) means it.
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut units = [0u16; 2];
+    for c in text.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    Ok(out.into_bytes())
+}
+
 /// A fresh request id: 32 lower-case hex digits.
 pub fn new_request_id() -> String {
     let mut hex = [0u8; 32];
@@ -80,6 +146,14 @@ pub struct Call<'a> {
     /// The name the record carries, when it is not `function` (a job's run
     /// records the function it ran, or its pool for its own code).
     pub recorded_as: Option<&'a str>,
+    /// Deliveries: which attempt this is (1-based), for the record.
+    pub attempt: Option<u32>,
+    /// The queue or device trigger delivering it, for the record.
+    pub trigger: Option<&'a str>,
+    /// The async call it is an attempt of, for the record.
+    pub call_id: Option<&'a str>,
+    /// `context.message` for the handler (see [`encode_message`]).
+    pub message: Option<Bytes>,
 }
 
 impl<'a> Call<'a> {
@@ -97,7 +171,35 @@ impl<'a> Call<'a> {
             request_id,
             event,
             recorded_as: None,
+            attempt: None,
+            trigger: None,
+            call_id: None,
+            message: None,
         }
+    }
+
+    /// Makes the call attempt number `attempt` (1-based) of a delivery.
+    pub fn attempt(mut self, attempt: u32) -> Self {
+        self.attempt = Some(attempt);
+        self
+    }
+
+    /// Records the call as delivered by the trigger `name`.
+    pub fn trigger(mut self, name: &'a str) -> Self {
+        self.trigger = Some(name);
+        self
+    }
+
+    /// Records the call as an attempt of the async call `id`.
+    pub fn call_id(mut self, id: &'a str) -> Self {
+        self.call_id = Some(id);
+        self
+    }
+
+    /// Gives the handler `context.message`, already encoded (see [`encode_message`]).
+    pub fn message(mut self, message: Bytes) -> Self {
+        self.message = Some(message);
+        self
     }
 
     /// Records the call under `name` instead of the pool it invokes.
@@ -161,6 +263,7 @@ impl Invoker {
             event: std::mem::take(&mut call.event),
             request_id: call.request_id.to_string(),
             source: call.source,
+            message: call.message.take(),
         };
         let result = self
             .executor
@@ -224,6 +327,9 @@ impl<'a> Pipeline<'a> {
             function: call.recorded_as.unwrap_or(call.function),
             source: call.source,
             request_id: call.request_id,
+            attempt: call.attempt,
+            trigger: call.trigger,
+            call_id: call.call_id,
         }
     }
 
@@ -290,6 +396,9 @@ pub struct Outcome<'a> {
     function: &'a str,
     source: InvocationSource,
     request_id: &'a str,
+    attempt: Option<u32>,
+    trigger: Option<&'a str>,
+    call_id: Option<&'a str>,
 }
 
 impl Outcome<'_> {
@@ -351,6 +460,9 @@ impl Outcome<'_> {
             status,
             cold_start,
             error: error.map(record::truncate),
+            attempt: self.attempt,
+            trigger: self.trigger.map(str::to_string),
+            call_id: self.call_id.map(str::to_string),
         })
     }
 }

@@ -269,3 +269,77 @@ fn events_encode_and_request_ids_are_fresh_hex() {
     );
     assert_ne!(a, b);
 }
+
+#[tokio::test]
+async fn a_delivery_records_its_attempt_trigger_and_call() {
+    let fx = Fixture::new();
+    let pipeline = fx.pipeline(true);
+    let queued = Call::new("team", "f", InvocationSource::Queue, "m-1", Bytes::new())
+        .attempt(2)
+        .trigger("orders-in")
+        .message(Bytes::from_static(b"{}"));
+    let _ = pipeline
+        .conclude(&queued, pipeline.start(), answer(true, "1"))
+        .finish(200);
+    let called = Call::new("team", "f", InvocationSource::Async, "c-9", Bytes::new())
+        .attempt(1)
+        .call_id("c-9");
+    let _ = pipeline
+        .conclude(&called, pipeline.start(), answer(false, r#"{"error":"x"}"#))
+        .finish(500);
+    let plain = Call::new("team", "f", InvocationSource::Http, "r", Bytes::new());
+    let _ = pipeline
+        .conclude(&plain, pipeline.start(), answer(true, "1"))
+        .finish(200);
+    let records = fx.records().await;
+    let fields: Vec<_> = records
+        .iter()
+        .map(|r| {
+            (
+                r.request_id.as_str(),
+                r.attempt,
+                r.trigger.as_deref(),
+                r.call_id.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            ("m-1", Some(2), Some("orders-in"), None),
+            ("c-9", Some(1), None, Some("c-9")),
+            ("r", None, None, None),
+        ]
+    );
+}
+
+#[test]
+fn messages_travel_as_ascii_json_and_huge_ones_lose_their_headers() {
+    let m = serde_json::json!({"id": "m-1", "topic": "café/🦀", "attempt": 1});
+    let encoded = encode_message(&m).unwrap();
+    assert!(encoded.is_ascii(), "{encoded:?}");
+    let text = std::str::from_utf8(&encoded).unwrap();
+    assert!(
+        text.contains(r#""topic":"caf\u00e9/\ud83e\udd80""#),
+        "{text}"
+    );
+    let back: serde_json::Value = serde_json::from_slice(&encoded).unwrap();
+    assert_eq!(back, m);
+
+    let huge = serde_json::json!({
+        "id": "m-2", "attempt": 3, "headers": {"h": "x".repeat(MAX_MESSAGE_BYTES)}
+    });
+    let slim: serde_json::Value = serde_json::from_slice(&encode_message(&huge).unwrap()).unwrap();
+    assert_eq!(
+        slim,
+        serde_json::json!({"id": "m-2", "attempt": 3, "truncated": true})
+    );
+    let worse = serde_json::json!({
+        "id": "m-3", "attempt": 1, "topic": "t", "other": "y".repeat(MAX_MESSAGE_BYTES)
+    });
+    let slim: serde_json::Value = serde_json::from_slice(&encode_message(&worse).unwrap()).unwrap();
+    assert_eq!(
+        slim,
+        serde_json::json!({"id": "m-3", "attempt": 1, "topic": "t", "truncated": true})
+    );
+}

@@ -20,6 +20,10 @@ use crate::{Result, SqliteStore};
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct InvocationFilter {
     pub function: Option<String>,
+    /// Deliveries of this queue or device trigger.
+    pub trigger: Option<String>,
+    /// Attempts of this async call.
+    pub call_id: Option<String>,
     pub status: Option<u16>,
     pub source: Option<InvocationSource>,
     /// Records that started at or after this time.
@@ -57,7 +61,7 @@ pub trait InvocationStore: Send + Sync + 'static {
 /// Rows per `INSERT` statement. A batch is cut into chunks of these sizes (largest
 /// first), so only these few statements are ever prepared and they stay in the
 /// connection's statement cache: preparing a statement of a new length for every
-/// batch cost more than inserting its rows. At 11 parameters a row the largest
+/// batch cost more than inserting its rows. At 14 parameters a row the largest
 /// stays well below SQLite's limit of 32766 variables per statement.
 const INSERT_CHUNKS: [usize; 5] = [256, 64, 16, 4, 1];
 
@@ -68,10 +72,11 @@ fn insert_sql(rows: usize) -> &'static str {
         INSERT_CHUNKS
             .iter()
             .map(|&n| {
-                let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+                let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
                 format!(
                     "INSERT INTO invocations (id, namespace, function, revision, source, \
-                     request_id, started_at, duration_us, status, cold_start, error) VALUES {}",
+                     request_id, started_at, duration_us, status, cold_start, error, \
+                     attempt, trigger, call_id) VALUES {}",
                     vec![row; n].join(", ")
                 )
             })
@@ -118,6 +123,11 @@ fn record_from_row(row: &SqliteRow) -> Result<InvocationRecord> {
         status: u16::try_from(status).unwrap_or(0),
         cold_start: row.try_get("cold_start")?,
         error: row.try_get("error")?,
+        attempt: row
+            .try_get::<Option<i64>, _>("attempt")?
+            .map(|a| u32::try_from(a).unwrap_or(0)),
+        trigger: row.try_get("trigger")?,
+        call_id: row.try_get("call_id")?,
     })
 }
 
@@ -174,7 +184,10 @@ impl SqliteStore {
                     .bind(i64::try_from(r.duration.as_micros()).unwrap_or(i64::MAX))
                     .bind(i64::from(r.status))
                     .bind(r.cold_start)
-                    .bind(r.error.as_deref());
+                    .bind(r.error.as_deref())
+                    .bind(r.attempt.map(i64::from))
+                    .bind(r.trigger.as_deref())
+                    .bind(r.call_id.as_deref());
             }
             insert.execute(&mut *tx).await?;
         }
@@ -189,11 +202,18 @@ impl SqliteStore {
     ) -> Result<Vec<InvocationRecord>> {
         let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
             "SELECT id, namespace, function, revision, source, request_id, started_at, \
-             duration_us, status, cold_start, error FROM invocations WHERE namespace = ",
+             duration_us, status, cold_start, error, attempt, trigger, call_id \
+             FROM invocations WHERE namespace = ",
         );
         q.push_bind(namespace);
         if let Some(function) = &filter.function {
             q.push(" AND function = ").push_bind(function);
+        }
+        if let Some(trigger) = &filter.trigger {
+            q.push(" AND trigger = ").push_bind(trigger);
+        }
+        if let Some(call_id) = &filter.call_id {
+            q.push(" AND call_id = ").push_bind(call_id);
         }
         if let Some(status) = filter.status {
             q.push(" AND status = ").push_bind(i64::from(status));
@@ -294,6 +314,9 @@ mod tests {
             status: 200,
             cold_start: false,
             error: None,
+            attempt: None,
+            trigger: None,
+            call_id: None,
         }
     }
 
@@ -361,6 +384,56 @@ mod tests {
                 .await
                 .unwrap()
                 .is_empty()
+        );
+    }
+
+    #[tokio::test]
+    async fn deliveries_keep_their_attempt_trigger_and_call() {
+        let store = SqliteStore::in_memory().await.unwrap();
+        let mut queued = rec("q2", "team", "f", at(10));
+        queued.source = InvocationSource::Queue;
+        queued.attempt = Some(2);
+        queued.trigger = Some("orders-in".into());
+        let mut first = queued.clone();
+        first.id = "q1".into();
+        first.attempt = Some(1);
+        first.started_at = at(20);
+        let mut call = rec("a1", "team", "f", at(5));
+        call.source = InvocationSource::Async;
+        call.attempt = Some(1);
+        call.call_id = Some("c-123".into());
+        store
+            .insert_batch(&[
+                queued.clone(),
+                first,
+                call.clone(),
+                rec("h", "team", "f", at(1)),
+            ])
+            .await
+            .unwrap();
+        let by_trigger = InvocationFilter {
+            trigger: Some("orders-in".into()),
+            ..Default::default()
+        };
+        let got = store.list("team", &by_trigger).await.unwrap();
+        assert_eq!(ids(&got), ["q2", "q1"]);
+        queued.started_at = DateTime::from_timestamp_micros(micros(queued.started_at)).unwrap();
+        assert_eq!(got[0], queued);
+        let by_call = InvocationFilter {
+            call_id: Some("c-123".into()),
+            ..Default::default()
+        };
+        let got = store.list("team", &by_call).await.unwrap();
+        assert_eq!(ids(&got), ["a1"]);
+        assert_eq!((got[0].attempt, got[0].trigger.as_deref()), (Some(1), None));
+        let all = store
+            .list("team", &InvocationFilter::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            (all[0].attempt, &all[0].call_id),
+            (None, &None),
+            "an HTTP call has neither"
         );
     }
 

@@ -67,6 +67,7 @@ fn request(event: &'static str) -> InvokeRequest {
         event: Bytes::from_static(event.as_bytes()),
         request_id: "r".into(),
         source: sless_core::invocation::InvocationSource::Http,
+        message: None,
     }
 }
 
