@@ -88,7 +88,7 @@ pub struct Queues {
     fire: Arc<dyn Fire>,
     secrets: Mutex<Option<Arc<SecretResolver>>>,
     dead_letters: Mutex<Arc<dyn DeadLetterSink>>,
-    running: Mutex<HashMap<Key, Running>>,
+    running: Arc<Mutex<HashMap<Key, Running>>>,
     shutdown: CancellationToken,
     /// How a connector is made; replaced in tests.
     make_connector: ConnectorFactory,
@@ -178,11 +178,21 @@ impl Queues {
         shutdown: CancellationToken,
         make_connector: ConnectorFactory,
     ) -> Self {
+        let running: Arc<Mutex<HashMap<Key, Running>>> = Arc::default();
+        // At shutdown every engine stops at once, before the executor does: an
+        // attempt that ran into a stopping executor would fail and be dead-lettered
+        // (and acknowledged) instead of staying in the broker for the next start.
+        let all = running.clone();
+        let stopping = shutdown.clone();
+        tokio::spawn(async move {
+            stopping.cancelled().await;
+            stop_all(&all);
+        });
         Self {
             fire,
             secrets: Mutex::new(None),
             dead_letters: Mutex::new(Arc::new(LogDeadLetters)),
-            running: Mutex::default(),
+            running,
             shutdown,
             make_connector,
         }
@@ -379,19 +389,28 @@ impl Queues {
         cancel
     }
 
-    /// Stops every consumer (server shutdown): nothing unsettled is acknowledged.
+    /// Stops every consumer and engine (server shutdown): nothing unsettled is
+    /// acknowledged.
     pub fn stop_all(&self) {
-        for (_, r) in lock(&self.running).drain() {
-            r.stop();
-        }
+        stop_all(&self.running);
+    }
+}
+
+fn stop_all(running: &Mutex<HashMap<Key, Running>>) {
+    let all: Vec<Running> = lock(running).drain().map(|(_, r)| r).collect();
+    for r in all {
+        r.stop();
     }
 }
 
 impl Running {
+    /// Stops consuming and drops what the engine holds without acknowledging it (the
+    /// broker delivers it again to whoever consumes next).
     fn stop(self) {
         if let Some(cancel) = self.consumer {
             cancel.cancel();
         }
+        self.engine.shutdown();
     }
 }
 

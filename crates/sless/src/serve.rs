@@ -327,6 +327,7 @@ pub struct Server {
     shutdown: CancellationToken,
     recorder: Option<Arc<Recorder>>,
     executor: Arc<Executor>,
+    triggers: Arc<Triggers>,
     retention: tokio::task::JoinHandle<()>,
     collecting: tokio::task::JoinHandle<()>,
     /// Stops the background work of a server dropped without [`Server::run`] (tests
@@ -408,6 +409,9 @@ impl Server {
         );
         let _ = stop_tx.send(true);
         self.shutdown.cancel();
+        // Queue deliveries stop now, unacknowledged: they are delivered again after
+        // the restart instead of failing against an executor that is stopping.
+        self.triggers.stop();
         if tokio::time::timeout(self.grace, &mut server).await.is_err() {
             tracing::warn!("in-flight requests did not finish within the grace period");
             server.abort();
@@ -748,6 +752,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
         shutdown,
         recorder,
         executor,
+        triggers,
         retention,
         collecting,
     })

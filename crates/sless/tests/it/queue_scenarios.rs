@@ -1,0 +1,443 @@
+//! The queue-trigger scenarios, each written once for every broker kind: the
+//! per-kind files (`queue_amqp.rs`, `queue_nats.rs`, ...) run them against their broker.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sless_core::QueueKind;
+
+use crate::harness::send;
+use crate::queue_harness::{Client, Setup, WAIT, own_broker, shared_broker, unique};
+
+/// JSON, text, binary and empty payloads become the events the contract names, and
+/// the consumer lives on; a payload published three times is delivered three times;
+/// the handler's return value reaches `response_topic`.
+pub async fn payloads_duplicates_and_responses(kind: QueueKind) {
+    let broker = shared_broker(kind).await;
+    let setup = Setup::new("payloads").await;
+    let topic = unique("payloads");
+    let responses = unique("responses");
+    let reader = Client::connect(&*broker, &responses).await;
+    setup
+        .trigger(
+            "payloads",
+            &*broker,
+            &topic,
+            json!({"response_topic": responses}),
+        )
+        .await;
+    setup.wait_connected("payloads").await;
+    let publisher = Client::connect(&*broker, &unique("publisher")).await;
+
+    publisher.publish(&topic, "not json at all").await;
+    publisher.publish(&topic, vec![0xffu8, 0x00, 0xfe]).await;
+    publisher.publish(&topic, Vec::<u8>::new()).await;
+    for _ in 0..3 {
+        publisher
+            .publish(&topic, json!({"run": "dup", "n": 1}).to_string())
+            .await;
+    }
+    publisher.publish_run(&topic, "after", 0..1).await;
+
+    setup.wait_handled("after", 0..1).await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let dups = setup.handled("dup").await.get(&1).copied().unwrap_or(0);
+        if dups >= 3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a payload published 3 times was handled {dups} times"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = setup.log().await;
+    for line in [
+        r#"raw "not json at all""#,
+        r#"raw {"base64": "/wD+"}"#,
+        r#"raw """#,
+    ] {
+        assert!(log.contains(line), "{line} not in the log:\n{log}");
+    }
+
+    // Every success is answered on response_topic with the handler's return value.
+    let mut answers = Vec::new();
+    for _ in 0..7 {
+        let m = reader.next().await;
+        answers.push(serde_json::from_slice::<Value>(&m.payload).expect("JSON answer"));
+    }
+    assert!(
+        answers.contains(&json!({"handled": "not json at all"})),
+        "{answers:?}"
+    );
+    assert!(
+        answers.contains(&json!({"handled": {"run": "after", "n": 0}})),
+        "{answers:?}"
+    );
+
+    let status = setup.trigger_status("payloads").await;
+    assert_eq!(status["connection"], "connected", "{status}");
+    assert!(
+        status["counters"]["received"].as_u64() >= Some(7),
+        "{status}"
+    );
+}
+
+/// A burst of 100 reaches a function with no instance running, then 1000 more
+/// messages all end as succeeded queue invocations.
+pub async fn bursts_at_zero_instances_and_a_thousand(kind: QueueKind) {
+    let broker = shared_broker(kind).await;
+    let setup = Setup::new("bursts").await;
+    let topic = unique("bursts");
+    setup
+        .trigger(
+            "bursts",
+            &*broker,
+            &topic,
+            json!({"delivery": {"concurrency": 8}}),
+        )
+        .await;
+    setup.wait_connected("bursts").await;
+    // Nothing has called the function yet: no instance runs when the burst comes.
+    let publisher = Client::connect(&*broker, &unique("publisher")).await;
+    publisher.publish_run(&topic, "burst", 0..100).await;
+    setup.wait_handled("burst", 0..100).await;
+
+    publisher.publish_run(&topic, "thousand", 0..1000).await;
+    let seen = setup.wait_handled("thousand", 0..1000).await;
+    assert_eq!(seen.len(), 1000);
+    // Records are written in batches: wait (bounded) until the newest 1000 queue
+    // invocations are the thousand's, every one of them a success.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let records = setup.queue_invocations(1000).await;
+        let ok = records.iter().filter(|i| i.status == 200).count();
+        if ok == 1000 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{ok} of the newest {} queue invocations succeeded",
+            records.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The server restarted three times while messages flow loses none; messages
+/// published while it is down are delivered once it is back.
+pub async fn server_restarts(kind: QueueKind) {
+    let broker = shared_broker(kind).await;
+    let mut setup = Setup::new("restarts").await;
+    let topic = unique("restarts");
+    setup.trigger("restarts", &*broker, &topic, json!({})).await;
+    setup.wait_connected("restarts").await;
+    let publisher = Client::connect(&*broker, &unique("publisher")).await;
+    for round in 0..3u32 {
+        publisher
+            .publish_run(&topic, "stream", round * 50..round * 50 + 50)
+            .await;
+        setup.server.stop().await;
+        setup.server.restart().await;
+    }
+    setup.wait_handled("stream", 0..150).await;
+
+    setup.server.stop().await;
+    publisher.publish_run(&topic, "while-down", 0..50).await;
+    setup.server.restart().await;
+    setup.wait_handled("while-down", 0..50).await;
+}
+
+/// A trigger created while its broker is down reports `connecting`, connects once the
+/// broker is up and delivers; a broker restart mid-stream loses nothing.
+pub async fn broker_down_then_up_then_restarted(kind: QueueKind) {
+    let broker = own_broker(kind).await;
+    let setup = Setup::new("brokerdown").await;
+    let topic = unique("brokerdown");
+    setup
+        .trigger("brokerdown", &*broker, &topic, json!({}))
+        .await;
+    let status = setup.trigger_status("brokerdown").await;
+    assert_ne!(status["connection"], "connected", "{status}");
+
+    let b = broker.clone();
+    tokio::task::spawn_blocking(move || b.restart())
+        .await
+        .expect("broker starts");
+    setup.wait_connected("brokerdown").await;
+    let publisher = Client::connect(&*broker, &unique("publisher")).await;
+    publisher.publish_run(&topic, "first", 0..20).await;
+    setup.wait_handled("first", 0..20).await;
+
+    publisher.publish_run(&topic, "around", 0..50).await;
+    let b = broker.clone();
+    tokio::task::spawn_blocking(move || b.restart())
+        .await
+        .expect("broker restarts");
+    publisher.publish_run(&topic, "around", 50..100).await;
+    setup.wait_handled("around", 0..100).await;
+}
+
+/// A handler answering 400 fails without retry: one attempt, a dead letter (on
+/// `dead_letter_topic` with the x-sless headers), acknowledged, and the messages
+/// behind it are delivered.
+pub async fn refused_messages_become_dead_letters(kind: QueueKind) {
+    let broker = shared_broker(kind).await;
+    let setup = Setup::new("refused").await;
+    let topic = unique("refused");
+    let dlq = unique("dlq");
+    let reader = Client::connect(&*broker, &dlq).await;
+    setup
+        .trigger(
+            "refused",
+            &*broker,
+            &topic,
+            json!({"dead_letter_topic": dlq, "delivery": {"max_attempts": 3}}),
+        )
+        .await;
+    setup.wait_connected("refused").await;
+    let publisher = Client::connect(&*broker, &unique("publisher")).await;
+    let poison = json!({"fail": 400, "n": 7}).to_string();
+    publisher.publish(&topic, poison.clone()).await;
+    publisher.publish_run(&topic, "behind", 0..10).await;
+    setup.wait_handled("behind", 0..10).await;
+
+    let dead = reader.next().await;
+    assert_eq!(dead.payload, poison.as_bytes());
+    let header = |k: &str| {
+        dead.headers
+            .iter()
+            .find(|(h, _)| h == k)
+            .map(|(_, v)| v.clone())
+    };
+    if kind != QueueKind::Mqtt {
+        assert_eq!(header("x-sless-original-topic"), Some(topic.clone()));
+        assert_eq!(header("x-sless-attempts").as_deref(), Some("1"));
+        assert_eq!(header("x-sless-last-status").as_deref(), Some("400"));
+    }
+    let refused = setup.log().await.matches("refused 7").count();
+    assert_eq!(refused, 1, "a 400 is not retried");
+}
+
+/// Disabling stops consuming (messages wait in the broker); enabling resumes.
+pub async fn disable_and_enable(kind: QueueKind) {
+    let broker = shared_broker(kind).await;
+    let setup = Setup::new("toggle").await;
+    let topic = unique("toggle");
+    setup.trigger("toggle", &*broker, &topic, json!({})).await;
+    setup.wait_connected("toggle").await;
+    let publisher = Client::connect(&*broker, &unique("publisher")).await;
+    publisher.publish_run(&topic, "on", 0..5).await;
+    setup.wait_handled("on", 0..5).await;
+
+    let path = "/v1/namespaces/default/triggers/toggle";
+    let (status, t) = send(
+        &setup.server,
+        reqwest::Method::PATCH,
+        path,
+        Some(json!({"enabled": false})),
+    )
+    .await;
+    assert_eq!(status, 200, "{t}");
+    assert!(t["status"].get("connection").is_none(), "{t}");
+    publisher.publish_run(&topic, "off", 0..5).await;
+    // Nothing consumes: a later look at the log still has none of them (the
+    // broker holds them), which the enable below then delivers.
+    assert!(setup.handled("off").await.is_empty());
+
+    let (status, t) = send(
+        &setup.server,
+        reqwest::Method::PATCH,
+        path,
+        Some(json!({"enabled": true})),
+    )
+    .await;
+    assert_eq!(status, 200, "{t}");
+    setup.wait_handled("off", 0..5).await;
+}
+
+/// A handler that raises is retried `max_attempts` times with growing gaps, then the
+/// message is a dead letter (on `dead_letter_topic` with the error); the messages
+/// behind it do not wait for its retries (`ordering: none`).
+pub async fn raising_handlers_retry_then_dead_letter(kind: QueueKind) {
+    let broker = shared_broker(kind).await;
+    let setup = Setup::new("raising").await;
+    let topic = unique("raising");
+    let dlq = unique("dlq");
+    let reader = Client::connect(&*broker, &dlq).await;
+    setup
+        .trigger(
+            "raising",
+            &*broker,
+            &topic,
+            json!({"dead_letter_topic": dlq,
+                   "delivery": {"max_attempts": 3, "backoff_initial_ms": 1500,
+                                "backoff_max_ms": 6000, "concurrency": 1}}),
+        )
+        .await;
+    setup.wait_connected("raising").await;
+    let publisher = Client::connect(&*broker, &unique("publisher")).await;
+    let poison = json!({"raise": true, "n": 1}).to_string();
+    publisher.publish(&topic, poison.clone()).await;
+    publisher.publish_run(&topic, "behind", 0..10).await;
+
+    let dead = reader.next().await;
+    assert_eq!(dead.payload, poison.as_bytes());
+    let header = |k: &str| {
+        dead.headers
+            .iter()
+            .find(|(h, _)| h == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    if kind != QueueKind::Mqtt {
+        assert_eq!(header("x-sless-attempts"), "3");
+        assert_eq!(header("x-sless-last-status"), "500");
+        assert!(header("x-sless-error").contains("poison 1"), "{dead:?}");
+    }
+    let log = setup.log().await;
+    assert_eq!(log.matches("raising 1").count(), 3, "{log}");
+    // The ten behind it were handled before its last attempt.
+    let last_raise = log.rfind("raising 1").expect("raised");
+    let last_behind = log.find("got behind 9").expect("all handled");
+    assert!(
+        last_behind < last_raise,
+        "the messages behind a poison message waited for its retries:\n{log}"
+    );
+
+    // Every attempt is a queue invocation record with its attempt number, and the
+    // gaps between them grow (records are written in batches: wait for the third).
+    let body = wait_records(
+        &setup,
+        "/v1/namespaces/default/invocations?function=raising&status=500&limit=10",
+        3,
+    )
+    .await;
+    let mut attempts: Vec<(u64, chrono::DateTime<chrono::Utc>)> = body["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| {
+            (
+                i["attempt"].as_u64().expect("attempt"),
+                i["started_at"]
+                    .as_str()
+                    .expect("started_at")
+                    .parse()
+                    .expect("time"),
+            )
+        })
+        .collect();
+    attempts.sort();
+    assert_eq!(
+        attempts.iter().map(|a| a.0).collect::<Vec<_>>(),
+        [1, 2, 3],
+        "{body}"
+    );
+    let gap = |i: usize| (attempts[i + 1].1 - attempts[i].1).num_milliseconds();
+    assert!(gap(0) >= 700, "first retry after {} ms", gap(0));
+    assert!(gap(1) >= 1400, "second retry after {} ms", gap(1));
+    let status = setup.trigger_status("raising").await;
+    assert!(
+        status["counters"]["dead_lettered"].as_u64() >= Some(1),
+        "{status}"
+    );
+    assert!(
+        status["counters"]["retried"].as_u64() >= Some(2),
+        "{status}"
+    );
+}
+
+/// `ordering: key` keeps the messages of one key in order under `concurrency` > 1;
+/// `concurrency: 1` never runs two at once.
+pub async fn ordering_and_concurrency(kind: QueueKind) {
+    let broker = shared_broker(kind).await;
+    let setup = Setup::new("ordering").await;
+    let publisher = Client::connect(&*broker, &unique("publisher")).await;
+
+    let ordered = unique("ordered");
+    setup
+        .trigger(
+            "ordered",
+            &*broker,
+            &ordered,
+            json!({"delivery": {"concurrency": 8, "ordering": "key"}}),
+        )
+        .await;
+    setup.wait_connected("ordered").await;
+    publisher.publish_run(&ordered, "ordered", 0..40).await;
+    setup.wait_handled("ordered", 0..40).await;
+    let order: Vec<u32> = setup
+        .log()
+        .await
+        .lines()
+        .filter_map(|l| l.split("got ordered ").nth(1))
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    // One topic is one key; a redelivery may repeat a message, never reorder them.
+    let mut firsts = order.clone();
+    firsts.dedup();
+    assert!(
+        firsts.windows(2).all(|w| w[0] < w[1]),
+        "one key, out of order: {order:?}"
+    );
+
+    let single = unique("single");
+    setup
+        .trigger(
+            "single",
+            &*broker,
+            &single,
+            json!({"delivery": {"concurrency": 1}}),
+        )
+        .await;
+    setup.wait_connected("single").await;
+    publisher.publish_run(&single, "single", 0..20).await;
+    setup.wait_handled("single", 0..20).await;
+    // With one in flight, each handler ended before the next began: the records'
+    // time spans never overlap.
+    let body = wait_records(
+        &setup,
+        "/v1/namespaces/default/invocations?function=ordering&trigger=single&limit=100",
+        20,
+    )
+    .await;
+    let mut spans: Vec<(f64, f64)> = body["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| {
+            let start: chrono::DateTime<chrono::Utc> = i["started_at"]
+                .as_str()
+                .expect("start")
+                .parse()
+                .expect("time");
+            let start = start.timestamp_micros() as f64 / 1000.0;
+            (start, start + i["duration_ms"].as_f64().expect("duration"))
+        })
+        .collect();
+    assert!(spans.len() >= 20, "{body}");
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for w in spans.windows(2) {
+        // A millisecond of slack: start and duration are measured separately.
+        assert!(w[1].0 + 1.0 >= w[0].1, "two at once: {w:?}");
+    }
+}
+
+/// Polls an invocation listing (bounded) until it has at least `count` items.
+async fn wait_records(setup: &Setup, path: &str, count: usize) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, body) = send(&setup.server, reqwest::Method::GET, path, None).await;
+        assert_eq!(status, 200, "{body}");
+        if body["items"].as_array().map_or(0, Vec::len) >= count {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fewer than {count} records: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
