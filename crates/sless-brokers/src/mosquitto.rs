@@ -24,6 +24,13 @@ pub struct Mosquitto {
 impl Mosquitto {
     /// Starts mosquitto and waits until it accepts connections.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with("")
+    }
+
+    /// [`Mosquitto::start`] with more configuration lines, e.g.
+    /// `max_inflight_messages 1000` for a benchmark (mosquitto hands a session at most
+    /// 20 unacknowledged QoS 1 messages at once by default).
+    pub fn start_with(extra_config: &str) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let port = free_port()?;
         let conf = format!(
@@ -38,7 +45,8 @@ impl Mosquitto {
              log_dest file {dir}/mosquitto.log\n\
              log_type error\n\
              log_type warning\n\
-             log_type notice\n",
+             log_type notice\n\
+             {extra_config}\n",
             dir = dir.path().display()
         );
         std::fs::write(dir.path().join("mosquitto.conf"), conf)?;

@@ -10,12 +10,14 @@ pub use crate::queues::RedriveError;
 use crate::queues::{DeadLetterSink, Queues};
 use crate::secrets::SecretResolver;
 use async_trait::async_trait;
+use bytes::Bytes;
 use sless_core::{TriggerKind, TriggerStatus};
+use sless_executor::{InvokeError, InvokeResponse};
 use sless_invoke::{Call, HttpRoute, HttpRoutes, Invoker};
 use sless_store::{TriggerRecord, TriggerStore};
 use sless_triggers::{
-    CronScheduler, CronState, CronTrigger, Fire, FireOutcome, FireRequest, FireResponse, Schedule,
-    SchedulerConfig, StateSink, SystemClock,
+    CronScheduler, CronState, CronTrigger, DeliveryInfo, Fire, FireOutcome, FireRequest,
+    FireResponse, Schedule, SchedulerConfig, StateSink, SystemClock,
 };
 
 /// All triggers of the server.
@@ -213,45 +215,10 @@ impl Fire for InvokerFire {
                 response: None,
             };
         };
-        let mut call = Call::new(
-            &req.namespace,
-            &req.function,
-            source,
-            &delivery.request_id,
-            event,
-        )
-        .attempt(delivery.attempt);
-        if !req.trigger.is_empty() {
-            call = call.trigger(&req.trigger);
-        }
-        if let Some(id) = &delivery.call_id {
-            call = call.call_id(id);
-        }
-        if let Some(message) = &delivery.message {
-            match sless_invoke::encode_message(message) {
-                Ok(message) => call = call.message(message),
-                // A message is built from JSON values; the handler still gets its event.
-                Err(e) => {
-                    tracing::warn!(namespace = %req.namespace, function = %req.function, error = %e, "cannot encode the message for the handler's context")
-                }
-            }
-        }
+        let call = delivery_call(&req, delivery, event);
         let outcome = self.invoker.invoke(call).await;
         let error = outcome.error();
-        let (status, response) = match &outcome.result {
-            Ok(answer) => {
-                let mapped = sless_invoke::response::map_answer(answer.ok, &answer.body);
-                let status = mapped.status().as_u16();
-                let headers = sless_invoke::response::header_pairs(&mapped);
-                let response = FireResponse {
-                    status,
-                    headers,
-                    body: mapped.into_body(),
-                };
-                (status, Some(response))
-            }
-            Err(e) => (sless_invoke::status_of(e).0, None),
-        };
+        let (status, response) = delivery_answer(&outcome.result);
         // The record keeps the mapped status, as the gateway's do.
         let _ = outcome.finish(status);
         FireOutcome {
@@ -263,6 +230,55 @@ impl Fire for InvokerFire {
 
     async fn prewarm(&self, namespace: &str, function: &str) {
         self.invoker.executor().prewarm(namespace, function);
+    }
+}
+
+/// The call of one delivery attempt: the message's id as the request id, the attempt,
+/// the trigger (none for async calls) or call, and `context.message`.
+fn delivery_call<'a>(req: &'a FireRequest, delivery: &'a DeliveryInfo, event: Bytes) -> Call<'a> {
+    let mut call = Call::new(
+        &req.namespace,
+        &req.function,
+        req.source,
+        &delivery.request_id,
+        event,
+    )
+    .attempt(delivery.attempt);
+    if !req.trigger.is_empty() {
+        call = call.trigger(&req.trigger);
+    }
+    if let Some(id) = &delivery.call_id {
+        call = call.call_id(id);
+    }
+    if let Some(message) = &delivery.message {
+        match sless_invoke::encode_message(message) {
+            Ok(message) => call = call.message(message),
+            // A message is built from JSON values; the handler still gets its event.
+            Err(e) => {
+                tracing::warn!(namespace = %req.namespace, function = %req.function, error = %e, "cannot encode the message for the handler's context")
+            }
+        }
+    }
+    call
+}
+
+/// What an attempt answered: the handler's answer mapped to HTTP as the gateway maps
+/// it (its status is the attempt's), or the platform's status for a failure, with no
+/// response.
+fn delivery_answer(result: &Result<InvokeResponse, InvokeError>) -> (u16, Option<FireResponse>) {
+    match result {
+        Ok(answer) => {
+            let mapped = sless_invoke::response::map_answer(answer.ok, &answer.body);
+            let status = mapped.status().as_u16();
+            let headers = sless_invoke::response::header_pairs(&mapped);
+            let response = FireResponse {
+                status,
+                headers,
+                body: mapped.into_body(),
+            };
+            (status, Some(response))
+        }
+        Err(e) => (sless_invoke::status_of(e).0, None),
     }
 }
 
@@ -287,5 +303,106 @@ impl StateSink for StoreSink {
         {
             tracing::warn!(namespace, trigger = name, error = %e, "cannot save the trigger's state");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sless_core::invocation::InvocationSource;
+
+    fn request(trigger: &str, delivery: DeliveryInfo) -> FireRequest {
+        FireRequest {
+            namespace: "team".into(),
+            function: "f".into(),
+            trigger: trigger.into(),
+            source: InvocationSource::Queue,
+            event: serde_json::json!({"a": 1}),
+            fired_at: chrono::Utc::now(),
+            delivery: Some(delivery),
+        }
+    }
+
+    #[test]
+    fn an_attempt_is_called_with_its_message_id_attempt_trigger_and_message() {
+        let delivery = DeliveryInfo {
+            attempt: 3,
+            request_id: "m-1".into(),
+            call_id: None,
+            message: Some(serde_json::json!({"id": "m-1", "topic": "é"})),
+        };
+        let req = request("orders-in", delivery.clone());
+        let call = delivery_call(&req, &delivery, Bytes::from_static(b"{}"));
+        assert_eq!(
+            (call.request_id, call.attempt, call.trigger, call.call_id),
+            ("m-1", Some(3), Some("orders-in"), None)
+        );
+        let message = call.message.expect("a message");
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&message).unwrap(),
+            serde_json::json!({"id": "m-1", "topic": "é"})
+        );
+        assert!(message.is_ascii());
+        // An async call: no trigger, its call id.
+        let delivery = DeliveryInfo {
+            attempt: 1,
+            request_id: "c-1".into(),
+            call_id: Some("c-1".into()),
+            message: None,
+        };
+        let req = request("", delivery.clone());
+        let call = delivery_call(&req, &delivery, Bytes::new());
+        assert_eq!(
+            (call.trigger, call.call_id, call.message.is_none()),
+            (None, Some("c-1"), true)
+        );
+    }
+
+    fn answer(ok: bool, body: &'static str) -> Result<InvokeResponse, InvokeError> {
+        Ok(InvokeResponse {
+            ok,
+            body: Bytes::from_static(body.as_bytes()),
+            cold_start: false,
+            revision: 1,
+        })
+    }
+
+    #[test]
+    fn answers_are_mapped_as_the_gateway_maps_them() {
+        let (status, response) =
+            delivery_answer(&answer(true, r#"{"statusCode": 400, "body": "no"}"#));
+        let response = response.expect("a response");
+        assert_eq!((status, response.status), (400, 400));
+        assert_eq!(&response.body[..], b"no");
+        assert!(
+            response
+                .headers
+                .contains(&("content-type".into(), "text/plain; charset=utf-8".into()))
+        );
+        let (status, response) = delivery_answer(&answer(false, r#"{"error": "boom"}"#));
+        assert_eq!(status, 500);
+        assert_eq!(
+            &response.expect("a response").body[..],
+            br#"{"error": "boom"}"#
+        );
+        let (status, response) = delivery_answer(&answer(true, r#"{"ok": true}"#));
+        assert_eq!(
+            (status, response.map(|r| r.body)),
+            (200, Some(Bytes::from_static(br#"{"ok": true}"#)))
+        );
+        let timeout = InvokeError::Timeout {
+            name: "f".into(),
+            seconds: 3,
+        };
+        assert_eq!(delivery_answer(&Err(timeout)), (504, None));
+        let full = InvokeError::QuotaExceeded(sless_executor::quota::Refusal {
+            exceeded: sless_core::QuotaExceeded {
+                kind: sless_core::QuotaKind::InvocationsPerSec,
+                limit: 1,
+                used: 1,
+            },
+            retry_after: Some(1),
+        });
+        assert_eq!(delivery_answer(&Err(full)), (429, None));
     }
 }

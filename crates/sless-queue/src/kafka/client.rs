@@ -291,6 +291,27 @@ impl ConsumerContext for GroupContext {
         }
     }
 
+    fn commit_callback(
+        &self,
+        result: rdkafka::error::KafkaResult<()>,
+        offsets: &TopicPartitionList,
+    ) {
+        if let Err(e) = result {
+            // Handed back to the tracker so the next round commits them again
+            // (otherwise only a later position would, and a restart would repeat more).
+            tracing::debug!(trigger = %self.label, error = %e, "kafka: commit failed");
+            let failed: Vec<(TopicPartition, i64)> = offsets
+                .elements()
+                .iter()
+                .filter_map(|e| match e.offset() {
+                    Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
+                    _ => None,
+                })
+                .collect();
+            self.tracker().commit_failed(&failed);
+        }
+    }
+
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {
