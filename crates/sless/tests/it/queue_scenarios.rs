@@ -220,13 +220,32 @@ pub async fn refused_messages_become_dead_letters(kind: QueueKind) {
     assert_eq!(refused, 1, "a 400 is not retried");
 }
 
-/// Disabling stops consuming (messages wait in the broker); enabling resumes.
+/// A source whose URL is a secret's value connects; disabling stops consuming
+/// (messages wait in the broker); enabling resumes.
 pub async fn disable_and_enable(kind: QueueKind) {
     let broker = shared_broker(kind).await;
     let setup = Setup::new("toggle").await;
     let topic = unique("toggle");
-    setup.trigger("toggle", &*broker, &topic, json!({})).await;
+    let (status, body) = send(
+        &setup.server,
+        reqwest::Method::PUT,
+        "/v1/namespaces/default/secrets/broker",
+        Some(json!({"data": {"url": broker.url()}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    setup
+        .trigger(
+            "toggle",
+            &*broker,
+            &topic,
+            json!({"source": {"kind": kind.as_str(), "topic": topic, "start_from": "earliest",
+                              "url_secret": {"secret": "broker", "key": "url"}}}),
+        )
+        .await;
     setup.wait_connected("toggle").await;
+    let t = setup.trigger_status("toggle").await;
+    assert!(!t.to_string().contains(&broker.url()), "{t}");
     let publisher = Client::connect(&*broker, &unique("publisher")).await;
     publisher.publish_run(&topic, "on", 0..5).await;
     setup.wait_handled("on", 0..5).await;
