@@ -20,11 +20,15 @@ use crate::harness::{Server, send};
 pub const WAIT: Duration = Duration::from_secs(90);
 
 /// The function every queue test deploys. JSON objects with `n` are logged as
-/// `got RUN N`; anything else as `raw <event as JSON>`. `{"fail": 400}` answers 400
+/// `got RUN N` (after sleeping `sleep` seconds when the event says so); anything
+/// else as `raw <event as JSON>`. `{"fail": 400}` answers 400
 /// (a failure without retry); `{"raise": ...}` raises.
 pub const HANDLER: &str = r#"import json
+import time
 
 def handle(event):
+    if isinstance(event, dict) and "sleep" in event:
+        time.sleep(event["sleep"])
     if isinstance(event, dict) and event.get("fail") == 400:
         print("refused %s" % event.get("n"))
         return {"statusCode": 400, "body": "refused"}
