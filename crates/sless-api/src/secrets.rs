@@ -111,6 +111,8 @@ pub async fn put(
     for function in &users.functions {
         s.controller.secret_changed(&ns, function);
     }
+    // Queue triggers whose broker URL it holds reconnect with the new value.
+    s.triggers.secret_changed(&ns, &name);
     let status = if created {
         StatusCode::CREATED
     } else {

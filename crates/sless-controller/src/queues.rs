@@ -299,6 +299,27 @@ impl Queues {
         );
     }
 
+    /// A secret was written: the running consumers whose `url_secret` names it start
+    /// again, reading its new value (unsettled messages are delivered again).
+    pub fn secret_changed(&self, namespace: &str, secret: &str) {
+        let mut running = lock(&self.running);
+        for ((ns, _), r) in running.iter_mut() {
+            let uses = ns == namespace
+                && r.spec
+                    .source
+                    .url_secret
+                    .as_ref()
+                    .is_some_and(|u| u.secret == secret);
+            if !uses {
+                continue;
+            }
+            if let Some(cancel) = r.consumer.take() {
+                cancel.cancel();
+                r.consumer = Some(self.start_consumer(&r.spec, &r.engine, &r.shared));
+            }
+        }
+    }
+
     /// Stops a trigger's consumer and forgets it.
     pub fn remove(&self, namespace: &str, name: &str) {
         if let Some(old) = lock(&self.running).remove(&(namespace.to_string(), name.to_string())) {

@@ -148,6 +148,12 @@ impl Triggers {
         self.queues.redrive(dead_letter)
     }
 
+    /// A secret was written: queue triggers whose `url_secret` names it reconnect
+    /// with its new value.
+    pub fn secret_changed(&self, namespace: &str, secret: &str) {
+        self.queues.secret_changed(namespace, secret);
+    }
+
     /// Stops every queue consumer (server shutdown); unsettled messages are not
     /// acknowledged and stay in their brokers.
     pub fn stop(&self) {

@@ -274,6 +274,34 @@ pub async fn disable_and_enable(kind: QueueKind) {
     .await;
     assert_eq!(status, 200, "{t}");
     setup.wait_handled("off", 0..5).await;
+
+    // A new value of the secret is used at once: a URL nothing listens on, then the
+    // broker's again.
+    let nowhere = format!(
+        "{}://127.0.0.1:1",
+        broker.url().split("://").next().unwrap_or("amqp")
+    );
+    for (url, want) in [(nowhere, false), (broker.url(), true)] {
+        let (status, body) = send(
+            &setup.server,
+            reqwest::Method::PUT,
+            "/v1/namespaces/default/secrets/broker",
+            Some(json!({"data": {"url": url}})),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let status = setup.trigger_status("toggle").await;
+            if (status["connection"] == "connected") == want {
+                break;
+            }
+            assert!(Instant::now() < deadline, "want connected={want}: {status}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    publisher.publish_run(&topic, "rotated", 0..3).await;
+    setup.wait_handled("rotated", 0..3).await;
 }
 
 /// A handler that raises is retried `max_attempts` times with growing gaps, then the
