@@ -146,6 +146,11 @@ pub enum RedriveError {
     Disabled(String),
 }
 
+/// The [`Fire`] every delivery engine fires into: the invocation pipeline.
+pub fn invoker_fire(invoker: Arc<Invoker>) -> Arc<dyn Fire> {
+    Arc::new(InvokerFire { invoker })
+}
+
 /// Fires go to the invocation pipeline, which records them.
 struct InvokerFire {
     invoker: Arc<Invoker>,
