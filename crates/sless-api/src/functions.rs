@@ -642,7 +642,10 @@ pub async fn invoke(
         s.store
             .get_function(&ns, &name)
             .await
-            .map_err(|e| ApiError::named_function(e, &ns, &name))?;
+            .map_err(|e| match e {
+                sless_store::StoreError::NotFound { .. } => ApiError::not_found("function", &name),
+                e => e.into(),
+            })?;
         let call_id = s
             .calls
             .enqueue(sless_controller::calls::NewCall {
