@@ -13,7 +13,7 @@
 //! call's callback URL in a task of its own, retried with back-off a bounded
 //! number of times.
 //!
-//! At start every `Queued` or `Running` call is submitted again: a call that was
+//! At start ([`Calls::resume`]) every `Queued` or `Running` call is submitted again: a call that was
 //! running when the server stopped had not finished, so it runs again
 //! (at-least-once). A periodic sweep re-reads the store as a safety net; wake-ups
 //! do not depend on it.
@@ -199,8 +199,10 @@ struct Worker {
 }
 
 impl Calls {
-    /// Starts the dispatcher: counts the unfinished calls and starts a worker for
-    /// every function that has some, which submits them again.
+    /// Makes the dispatcher and counts the unfinished calls (the queue limit and
+    /// the quota hold from the start). Nothing runs until [`Calls::resume`], which
+    /// the server calls once stored functions are back: a call run before its
+    /// function serves again would fail as if the function did not exist.
     pub async fn start(
         store: Arc<dyn CallStore>,
         functions: Arc<dyn Store>,
@@ -239,11 +241,19 @@ impl Calls {
                 *counts.namespaces.entry(ns.clone()).or_default() += n;
             }
         }
+        Ok(calls)
+    }
+
+    /// Starts a worker for every function with unfinished calls: each submits them
+    /// again, `Running` ones included (they had not finished: at-least-once).
+    pub async fn resume(&self) -> Result<usize, StoreError> {
+        let unfinished = self.store.unfinished_counts().await?;
+        let functions = unfinished.len();
         for (ns, function, n) in unfinished {
             tracing::info!(namespace = %ns, function = %function, calls = n, "resuming unfinished async calls");
-            calls.worker(&ns, &function).wake.notify_one();
+            self.worker(&ns, &function).wake.notify_one();
         }
-        Ok(calls)
+        Ok(functions)
     }
 
     fn lock_counts(&self) -> std::sync::MutexGuard<'_, Counts> {

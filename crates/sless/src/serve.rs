@@ -773,7 +773,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
         max_body: (args.max_body_mb * MIB) as usize,
         body_timeout: Duration::from_secs(args.body_timeout_sec),
         routes,
-        async_calls: Some(Arc::new(sless_api::calls::GatewayCalls(calls))),
+        async_calls: Some(Arc::new(sless_api::calls::GatewayCalls(calls.clone()))),
     };
     let app =
         sless_gateway::with_fast_path(gateway.clone(), sless_gateway::router(gateway).merge(api));
@@ -788,6 +788,10 @@ async fn build(args: ServeArgs) -> Result<Server> {
     for trigger in trigger_store.list_triggers(None).await? {
         triggers.apply(&trigger);
     }
+    calls
+        .resume()
+        .await
+        .context("cannot resume the queued async calls")?;
     let resumed = jobs.resume_all().await?;
     if resumed > 0 {
         tracing::info!(jobs = resumed, "resumed unfinished jobs");
