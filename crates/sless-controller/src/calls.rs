@@ -18,7 +18,7 @@
 //! (at-least-once). A periodic sweep re-reads the store as a safety net; wake-ups
 //! do not depend on it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -156,6 +156,9 @@ pub struct Calls {
     /// Unfinished calls per function and per namespace (reserved before the insert).
     counts: Mutex<Counts>,
     workers: Mutex<HashMap<(String, String), Arc<Worker>>>,
+    /// Calls handed to an engine and not settled yet: a call is never submitted
+    /// twice (a redrive and the store's scan may both find it).
+    in_flight: Mutex<HashSet<String>>,
     shutdown: CancellationToken,
     me: Weak<Calls>,
 }
@@ -228,6 +231,7 @@ impl Calls {
             http,
             counts: Mutex::default(),
             workers: Mutex::default(),
+            in_flight: Mutex::default(),
             shutdown,
             me: me.clone(),
         });
@@ -321,6 +325,15 @@ impl Calls {
     /// letter goes when it succeeds. A call pruned meanwhile is queued anew from
     /// the dead letter's payload, under the same id.
     pub async fn redrive(&self, dl: &DeadLetter, call_id: &str) -> Result<(), StoreError> {
+        if self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(call_id)
+        {
+            // Already being delivered again (an earlier redrive of it).
+            return Ok(());
+        }
         let call = match self
             .store
             .requeue_call(&dl.namespace, call_id, &dl.id)
@@ -425,7 +438,7 @@ async fn run_worker(calls: Weak<Calls>, worker: Arc<Worker>, shutdown: Cancellat
                 .unwrap_or_else(|e| e.into_inner())
                 .pop_front();
             let Some(call) = next else { break };
-            submit(&worker, call).await;
+            submit(&c, &worker, call).await;
         }
         let batch = match c
             .store
@@ -438,14 +451,14 @@ async fn run_worker(calls: Weak<Calls>, worker: Arc<Worker>, shutdown: Cancellat
                 Vec::new()
             }
         };
-        drop(c);
         if !batch.is_empty() {
             for pending in batch {
                 cursor = pending.seq;
-                submit(&worker, pending.call).await;
+                submit(&c, &worker, pending.call).await;
             }
             continue;
         }
+        drop(c);
         tokio::select! {
             () = worker.wake.notified() => {}
             () = tokio::time::sleep(sweep) => {}
@@ -454,7 +467,15 @@ async fn run_worker(calls: Weak<Calls>, worker: Arc<Worker>, shutdown: Cancellat
     }
 }
 
-async fn submit(worker: &Worker, call: CallRecord) {
+async fn submit(calls: &Calls, worker: &Worker, call: CallRecord) {
+    if !calls
+        .in_flight
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(call.id.clone())
+    {
+        return;
+    }
     // The event was JSON when it was queued; a stored one that is not any more is
     // delivered as its text, like any payload.
     let event = sless_core::delivery::payload_event(&call.event);
@@ -563,6 +584,11 @@ impl DeliveryHooks for Hooks {
             calls.dead_letters.remove(&self.namespace, dl).await?;
         }
         calls.lock_counts().release(&self.namespace, &self.function);
+        calls
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&delivery.id);
         // The callback never holds up the next call.
         match calls.store.get_call(&self.namespace, &delivery.id).await {
             Ok(call) if call.callback_url.is_some() => {
@@ -665,6 +691,155 @@ async fn post_callback(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sless_core::Quota;
+    use sless_store::{DeadLetterStore, SqliteStore};
+    use sless_triggers::{FireOutcome, FireRequest};
+
+    /// Answers fires with the scripted statuses (then 200), remembering each request.
+    #[derive(Default)]
+    struct FakeFire {
+        statuses: Mutex<VecDeque<u16>>,
+        seen: Mutex<Vec<FireRequest>>,
+    }
+
+    #[async_trait]
+    impl Fire for FakeFire {
+        async fn fire(&self, req: FireRequest) -> FireOutcome {
+            self.seen.lock().unwrap().push(req);
+            let status = self.statuses.lock().unwrap().pop_front().unwrap_or(200);
+            FireOutcome {
+                status,
+                error: (status >= 400).then(|| format!("status {status}")),
+                response: Some(FireResponse {
+                    status,
+                    headers: vec![("content-type".into(), "application/json".into())],
+                    body: bytes::Bytes::from_static(br#"{"ok":true}"#),
+                }),
+            }
+        }
+
+        async fn prewarm(&self, _: &str, _: &str) {}
+    }
+
+    async fn start(
+        fire: Arc<FakeFire>,
+        quota: Quota,
+        limit: u64,
+    ) -> (Arc<Calls>, Arc<SqliteStore>) {
+        let store = Arc::new(SqliteStore::in_memory().await.unwrap());
+        let calls = Calls::start(
+            store.clone(),
+            store.clone(),
+            DeadLetters::new(store.clone()),
+            fire,
+            Arc::new(Quotas::new(quota)),
+            CallsConfig {
+                queue_limit: limit,
+                ..CallsConfig::default()
+            },
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        calls.resume().await.unwrap();
+        (calls, store)
+    }
+
+    fn new_call(event: &str) -> NewCall {
+        NewCall {
+            namespace: "default".into(),
+            function: "f".into(),
+            event: event.as_bytes().to_vec(),
+            request_id: "r1".into(),
+            callback_url: None,
+        }
+    }
+
+    /// Waits (bounded) until the call has ended.
+    async fn ended(store: &SqliteStore, id: &str) -> CallRecord {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let call = store.get_call("default", id).await.unwrap();
+                if call.phase.is_terminal() {
+                    return call;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the call ends")
+    }
+
+    #[tokio::test]
+    async fn a_queued_call_runs_once_with_its_id_and_keeps_the_response() {
+        let fire = Arc::new(FakeFire::default());
+        let (calls, store) = start(fire.clone(), Quota::default(), 10).await;
+        let id = calls.enqueue(new_call(r#"{"n":1}"#)).await.unwrap();
+        let call = ended(&store, &id).await;
+        assert_eq!(call.phase, CallPhase::Succeeded);
+        assert_eq!(call.attempts, 1);
+        assert_eq!(call.response.unwrap().body, br#"{"ok":true}"#);
+        let seen = fire.seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].source, InvocationSource::Async);
+        assert_eq!(seen[0].event, serde_json::json!({"n": 1}));
+        let info = seen[0].delivery.clone().unwrap();
+        assert_eq!((info.attempt, info.call_id), (1, Some(id.clone())));
+        assert_eq!(calls.queued("default"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_failed_call_is_a_dead_letter_until_its_redrive_succeeds() {
+        let fire = Arc::new(FakeFire::default());
+        fire.statuses.lock().unwrap().push_back(400);
+        let (calls, store) = start(fire.clone(), Quota::default(), 10).await;
+        let id = calls.enqueue(new_call(r#"{"n":2}"#)).await.unwrap();
+        assert_eq!(ended(&store, &id).await.phase, CallPhase::Failed);
+        let dl = store.get_dead_letter("default", &id).await.unwrap();
+        assert_eq!(dl.source, DeadLetterSource::Async);
+        assert_eq!(dl.payload, br#"{"n":2}"#);
+        assert_eq!(dl.message, serde_json::json!({"call_id": id}));
+        assert_eq!(dl.last_status, 400);
+
+        calls.redrive(&dl, &id).await.unwrap();
+        let call = ended(&store, &id).await;
+        assert_eq!((call.phase, call.attempts), (CallPhase::Succeeded, 1));
+        assert!(matches!(
+            store.get_dead_letter("default", &id).await,
+            Err(StoreError::NotFound { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_queue_limit_the_quota_and_the_callback_url_are_checked_before_storing() {
+        let fire = Arc::new(FakeFire::default());
+        let none = Quota {
+            queued_calls: 0,
+            ..Quota::default()
+        };
+        let (calls, store) = start(fire.clone(), none, 10).await;
+        assert!(matches!(
+            calls.enqueue(new_call("{}")).await,
+            Err(EnqueueError::Quota(_))
+        ));
+        let mut bad = new_call("{}");
+        bad.callback_url = Some("ftp://example.com/".into());
+        let (calls, _) = start(fire.clone(), Quota::default(), 0).await;
+        assert!(matches!(
+            calls.enqueue(bad).await,
+            Err(EnqueueError::BadCallback(_))
+        ));
+        assert!(matches!(
+            calls.enqueue(new_call("{}")).await,
+            Err(EnqueueError::QueueFull { limit: 0, .. })
+        ));
+        let nothing = store
+            .list_calls("default", &sless_store::CallFilter::default())
+            .await
+            .unwrap();
+        assert!(nothing.is_empty());
+        assert!(fire.seen.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn callback_urls_are_http_and_may_be_kept_outside() {
