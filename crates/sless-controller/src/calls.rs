@@ -264,6 +264,13 @@ impl Calls {
         self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Forgets the counts of a deleted namespace (its calls were deleted with it).
+    pub fn forget(&self, namespace: &str) {
+        let mut counts = self.lock_counts();
+        counts.namespaces.remove(namespace);
+        counts.functions.retain(|(ns, _), _| ns != namespace);
+    }
+
     /// Unfinished calls of a namespace (its `queued_calls` usage).
     pub fn queued(&self, namespace: &str) -> u64 {
         self.lock_counts()
@@ -541,6 +548,17 @@ impl DeliveryHooks for Hooks {
             ),
         };
         let response = response.as_ref().map(call_response);
+        // A call deleted meanwhile (with its namespace) has nothing left to record.
+        if let Err(StoreError::NotFound { .. }) =
+            calls.store.get_call(&self.namespace, &delivery.id).await
+        {
+            calls
+                .in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&delivery.id);
+            return Ok(());
+        }
         if phase == CallPhase::Failed {
             // Written before the call is marked failed: a crash in between runs the
             // call again and writes the same dead letter (its id is the call's).
@@ -839,6 +857,100 @@ mod tests {
             .unwrap();
         assert!(nothing.is_empty());
         assert!(fire.seen.lock().unwrap().is_empty());
+    }
+
+    /// Serves raw HTTP on loopback: answers the first request 503, the others 200,
+    /// and hands each request's text to the test.
+    async fn flaky_listener() -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            for n in 1.. {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let read = sock.read(&mut chunk).await.unwrap();
+                    buf.extend_from_slice(&chunk[..read]);
+                    let text = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if buf.len() >= end + 4 + length || read == 0 {
+                            break;
+                        }
+                    }
+                }
+                let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
+                let status = if n == 1 {
+                    "503 Service Unavailable"
+                } else {
+                    "200 OK"
+                };
+                let answer =
+                    format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                let _ = sock.write_all(answer.as_bytes()).await;
+            }
+        });
+        (format!("http://{addr}/cb"), rx)
+    }
+
+    #[tokio::test]
+    async fn a_callback_carries_the_response_and_is_retried_after_a_5xx() {
+        let (url, mut requests) = flaky_listener().await;
+        let started = Utc::now();
+        let call = CallRecord {
+            id: "c1".into(),
+            namespace: "default".into(),
+            function: "f".into(),
+            phase: CallPhase::Succeeded,
+            attempts: 1,
+            event: b"{}".to_vec(),
+            request_id: "r1".into(),
+            callback_url: Some(url),
+            response: Some(CallResponse {
+                status: 201,
+                headers: vec![
+                    ("content-type".into(), "application/json".into()),
+                    ("x-custom".into(), "yes".into()),
+                    ("content-length".into(), "999".into()),
+                ],
+                body: br#"{"ok":true}"#.to_vec(),
+            }),
+            error: None,
+            redrive_of: None,
+            queued_at: started,
+            started_at: Some(started),
+            finished_at: Some(started + chrono::Duration::milliseconds(1500)),
+        };
+        let config = CallsConfig {
+            callback_backoff: Duration::from_millis(10),
+            ..CallsConfig::default()
+        };
+        post_callback(&reqwest::Client::new(), &config, &call, 201, None).await;
+        let first = requests.recv().await.unwrap();
+        let second = requests.recv().await.unwrap();
+        assert!(requests.try_recv().is_err(), "no attempt after a 200");
+        for request in [&first, &second] {
+            let lower = request.to_ascii_lowercase();
+            assert!(lower.starts_with("post /cb "), "{request}");
+            for header in [
+                "x-function-status: 201",
+                "x-call-id: c1",
+                "x-duration-seconds: 1.500000",
+                "x-custom: yes",
+                "content-type: application/json",
+                "content-length: 11",
+            ] {
+                assert!(lower.contains(header), "{header} in {request}");
+            }
+            assert!(request.ends_with(r#"{"ok":true}"#), "{request}");
+        }
     }
 
     #[test]
