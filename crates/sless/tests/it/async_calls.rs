@@ -231,3 +231,107 @@ async fn past_the_queue_limit_calls_are_refused() {
         "{refused}"
     );
 }
+
+#[tokio::test]
+async fn private_functions_need_a_token_and_big_bodies_are_refused() {
+    let server = Server::start_with(&["--max-body-mb", "1"]).await;
+    server
+        .deploy(
+            "secret",
+            json!({"runtime": "python3", "network": "none", "private": true}),
+            &[("handler.py", DOUBLE)],
+        )
+        .await;
+    let url = format!("{}/async/default/secret", server.url());
+    let http = server.client.http();
+    let anonymous = http.post(&url).json(&json!({"n": 1})).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let unknown = http
+        .post(&url)
+        .bearer_auth("not-a-token")
+        .json(&json!({"n": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        unknown.status(),
+        404,
+        "another token does not learn it exists"
+    );
+    let token = server.client.create_token("default").await.unwrap();
+    let queued = http
+        .post(&url)
+        .bearer_auth(&token)
+        .json(&json!({"n": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(queued.status(), 202);
+    let big = http
+        .post(&url)
+        .bearer_auth(&token)
+        .header("content-type", "application/octet-stream")
+        .body(vec![b'x'; 2 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(big.status(), 413);
+    let body: Value = big.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "payload_too_large", "{body}");
+}
+
+/// Runs the `sless` command line against `server`.
+async fn sless(server: &Server, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_sless"))
+        .args(args)
+        .env("SLESS_SERVER", server.url())
+        .env("SLESS_TOKEN", crate::harness::TOKEN)
+        .env_remove("SLESS_NAMESPACE")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run sless")
+}
+
+#[tokio::test]
+async fn the_command_line_queues_a_call_and_waits_for_it() {
+    let server = Server::start().await;
+    server
+        .deploy(
+            "double",
+            json!({"runtime": "python3", "network": "none"}),
+            &[("handler.py", DOUBLE)],
+        )
+        .await;
+    let out = sless(
+        &server,
+        &["invoke", "double", "--async", "--data", r#"{"n": 4}"#],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.len(), 32, "the call id: {stdout}");
+    let id = stdout.as_str();
+    let out = sless(&server, &["calls", "get", id, "--wait"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let call: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(call["phase"], "Succeeded", "{call}");
+    let out = sless(&server, &["calls", "ls", "--function", "double"]).await;
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains(id));
+    let out = sless(&server, &["dead-letters", "ls"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("SOURCE"));
+}
