@@ -495,6 +495,8 @@ async fn build(args: ServeArgs) -> Result<Server> {
     let call_store: Arc<dyn sless_store::CallStore> = sqlite.clone();
     let dead_letter_store: Arc<dyn sless_store::DeadLetterStore> = sqlite.clone();
     let store: Arc<dyn Store> = sqlite;
+    // The one writer of dead letters, for async calls and queue triggers alike.
+    let dead_letters = sless_controller::dead_letters::DeadLetters::new(dead_letter_store.clone());
     store.ensure_namespace("default").await?;
     let blobs: Arc<dyn BlobStore> = Arc::new(
         LocalBlobStore::new(data_dir.join("blobs")).context("cannot open the code store")?,
@@ -710,7 +712,6 @@ async fn build(args: ServeArgs) -> Result<Server> {
 
     // Async calls: the queue is read back before traffic is taken, and its
     // unfinished calls are submitted again.
-    let dead_letters = sless_controller::dead_letters::DeadLetters::new(dead_letter_store.clone());
     let calls = sless_controller::calls::Calls::start(
         call_store.clone(),
         store.clone(),
