@@ -199,6 +199,10 @@ struct Worker {
     wake: Notify,
     /// Calls queued again by a redrive: their place in the queue is behind the cursor.
     redriven: Mutex<VecDeque<CallRecord>>,
+    /// Calls this worker took from `redriven`: the store's scan leaves them alone (a
+    /// worker started by a redrive scans from the start, and could meet one again
+    /// just after it settled).
+    redriven_ids: Mutex<HashSet<String>>,
 }
 
 impl Calls {
@@ -409,6 +413,7 @@ impl Calls {
             engine,
             wake: Notify::new(),
             redriven: Mutex::default(),
+            redriven_ids: Mutex::default(),
         });
         workers.insert(key, worker.clone());
         tokio::spawn(run_worker(
@@ -445,6 +450,11 @@ async fn run_worker(calls: Weak<Calls>, worker: Arc<Worker>, shutdown: Cancellat
                 .unwrap_or_else(|e| e.into_inner())
                 .pop_front();
             let Some(call) = next else { break };
+            worker
+                .redriven_ids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(call.id.clone());
             submit(&c, &worker, call).await;
         }
         let batch = match c
@@ -461,7 +471,14 @@ async fn run_worker(calls: Weak<Calls>, worker: Arc<Worker>, shutdown: Cancellat
         if !batch.is_empty() {
             for pending in batch {
                 cursor = pending.seq;
-                submit(&c, &worker, pending.call).await;
+                let taken = worker
+                    .redriven_ids
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains(&pending.call.id);
+                if !taken {
+                    submit(&c, &worker, pending.call).await;
+                }
             }
             continue;
         }
