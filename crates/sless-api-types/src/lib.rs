@@ -739,3 +739,71 @@ pub struct QuotaCounts {
     pub devices: u64,
     pub storage_mb: u64,
 }
+
+/// `202` of an async call (`/async/...`, `/invoke?async=true`): the call's id.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct CallQueued {
+    pub call_id: String,
+}
+
+/// An async call: `GET /v1/namespaces/{ns}/calls/{id}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct Call {
+    pub id: String,
+    pub function: String,
+    /// `Queued`, `Running`, `Succeeded` or `Failed`.
+    pub phase: String,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// The function's answer, once the call ended with one.
+    pub response: Option<CallResponse>,
+    /// Why the last attempt failed.
+    pub error: Option<String>,
+    /// RFC 3339.
+    pub queued_at: String,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+}
+
+/// The function's answer to an async call.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct CallResponse {
+    pub status: u16,
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// The JSON value when the function answered JSON, otherwise the text.
+    #[schema(value_type = Object)]
+    pub body: Value,
+}
+
+/// A dead letter: `GET /v1/namespaces/{ns}/dead-letters`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct DeadLetter {
+    pub id: String,
+    /// `queue`, `device` or `async`.
+    pub source: String,
+    /// The queue or device trigger it came through (none for async calls).
+    pub trigger: Option<String>,
+    pub function: String,
+    /// What was delivered, mapped like an event: JSON, text, or `{"base64": ...}`.
+    #[schema(value_type = Object)]
+    pub payload: Value,
+    /// The last attempt's `context.message` (`{"call_id"}` for an async call).
+    #[schema(value_type = Object)]
+    pub message: Value,
+    pub attempts: u32,
+    pub last_status: u16,
+    pub error: Option<String>,
+    /// RFC 3339.
+    pub failed_at: String,
+}
+
+/// `202` of `POST .../dead-letters/redrive?trigger=`: how many were sent back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct Redriven {
+    pub redriven: u64,
+}

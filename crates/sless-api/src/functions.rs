@@ -580,20 +580,48 @@ pub async fn logs(
     post,
     path = "/v1/namespaces/{ns}/functions/{name}/invoke",
     tag = "functions",
-    params(crate::openapi::NsNamePath),
+    params(crate::openapi::NsNamePath, crate::openapi::InvokeParams),
     request_body(content = serde_json::Value, description = "The event (JSON; empty is null)", content_type = "application/json"),
-    responses((status = 200, description = "The handler's return value", body = serde_json::Value, content_type = "application/json"), (status = 500, description = "The handler raised: its error", body = serde_json::Value, content_type = "application/json"), (status = 502, description = "The instance failed", body = sless_api_types::ErrorBody), (status = 503, description = "The function cannot serve (not built, paused, no capacity)", body = sless_api_types::ErrorBody), (status = 504, description = "The handler timed out", body = sless_api_types::ErrorBody), crate::openapi::WriteErrors)
+    responses((status = 200, description = "The handler's return value", body = serde_json::Value, content_type = "application/json"), (status = 202, description = "With async=true: the call is queued (X-Call-Id)", body = sless_api_types::CallQueued), (status = 500, description = "The handler raised: its error", body = serde_json::Value, content_type = "application/json"), (status = 502, description = "The instance failed", body = sless_api_types::ErrorBody), (status = 503, description = "The function cannot serve (not built, paused, no capacity)", body = sless_api_types::ErrorBody), (status = 504, description = "The handler timed out", body = sless_api_types::ErrorBody), crate::openapi::WriteErrors)
 )]
 pub async fn invoke(
     State(s): State<AppState>,
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
+    query: Result<
+        axum::extract::Query<Vec<(String, String)>>,
+        axum::extract::rejection::QueryRejection,
+    >,
     headers: axum::http::HeaderMap,
     req: Request,
 ) -> Result<Response, ApiError> {
     caller.check(&ns)?;
     // Only functions: a job's private pool has a name that is not a DNS label.
     sless_core::validate_name("name", &name).map_err(|_| ApiError::not_found("function", &name))?;
+    let axum::extract::Query(params) = query.map_err(|e| ApiError::bad(format!("query: {e}")))?;
+    let mut queue = false;
+    for (key, value) in &params {
+        if key == "async" {
+            queue = match value.as_str() {
+                "true" => true,
+                "false" | "" => false,
+                other => {
+                    return Err(ApiError::bad(format!(
+                        "async: must be true or false, got {other:?}"
+                    )));
+                }
+            };
+        }
+    }
+    let callback_url = match headers.get("x-callback-url") {
+        Some(v) if queue => Some(
+            v.to_str()
+                .map_err(|_| ApiError::bad("X-Callback-Url: must be an http or https URL"))?
+                .trim()
+                .to_string(),
+        ),
+        _ => None,
+    };
     let body = read_limited(req, s.max_invoke_body, s.body_timeout).await?;
     let event = if body.iter().all(u8::is_ascii_whitespace) {
         Bytes::from_static(b"null")
@@ -610,6 +638,31 @@ pub async fn invoke(
         body
     };
     let request_id = sless_gateway::request_id(&headers);
+    if queue {
+        s.store
+            .get_function(&ns, &name)
+            .await
+            .map_err(|e| match e {
+                sless_store::StoreError::NotFound { .. } => ApiError::not_found("function", &name),
+                e => e.into(),
+            })?;
+        let call_id = s
+            .calls
+            .enqueue(sless_controller::calls::NewCall {
+                namespace: ns.clone(),
+                function: name.clone(),
+                event: event.to_vec(),
+                request_id: request_id.clone(),
+                callback_url,
+            })
+            .await
+            .map_err(crate::calls::enqueue_error)?;
+        let mut response = sless_gateway::queued_response(&call_id);
+        if let Ok(v) = header::HeaderValue::from_str(&request_id) {
+            response.headers_mut().insert("x-request-id", v);
+        }
+        return Ok(response);
+    }
     let call = Call::new(&ns, &name, InvocationSource::Invoke, &request_id, event);
     let mut outcome = s.invoker.invoke(call).await;
     if let Err(InvokeError::NotFound) = outcome.result {

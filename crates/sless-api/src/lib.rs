@@ -5,6 +5,8 @@
 
 mod audit;
 mod auth;
+pub mod calls;
+mod dead_letters;
 mod error;
 mod etag;
 mod functions;
@@ -87,6 +89,15 @@ pub struct AppState {
     pub secret_store: Arc<dyn sless_store::SecretStore>,
     /// The server's secret key; `None` only in tests that keep no secrets.
     pub cipher: Option<Arc<sless_secrets::Cipher>>,
+    // --- Async calls and dead letters ---
+    /// The durable queue of async calls and its dispatcher.
+    pub calls: Arc<sless_controller::calls::Calls>,
+    /// Where calls are read from.
+    pub call_store: Arc<dyn sless_store::CallStore>,
+    /// Where dead letters are listed and deleted.
+    pub dead_letters: Arc<dyn sless_store::DeadLetterStore>,
+    /// Sends dead letters back to be delivered again.
+    pub redrive: Arc<sless_controller::dead_letters::Redrive>,
 }
 
 /// A response body: one of `sless_api_types`' shapes, as the JSON document it is sent as.
@@ -178,6 +189,22 @@ pub fn routes() -> openapi::Routes {
         .route(
             "/v1/namespaces/{ns}/secrets/{name}",
             put(secrets::put).get(secrets::get).delete(secrets::delete),
+        )
+        // --- Async calls and dead letters ---
+        .route("/v1/namespaces/{ns}/calls", get(calls::list))
+        .route("/v1/namespaces/{ns}/calls/{id}", get(calls::get))
+        .route("/v1/namespaces/{ns}/dead-letters", get(dead_letters::list))
+        .route(
+            "/v1/namespaces/{ns}/dead-letters/redrive",
+            post(dead_letters::redrive_trigger),
+        )
+        .route(
+            "/v1/namespaces/{ns}/dead-letters/{id}",
+            axum::routing::delete(dead_letters::delete),
+        )
+        .route(
+            "/v1/namespaces/{ns}/dead-letters/{id}/redrive",
+            post(dead_letters::redrive),
         )
 }
 

@@ -203,6 +203,8 @@ pub async fn delete(
     // Its stored quota went with it: a namespace made again under the name starts
     // from the defaults.
     s.quotas.forget(&ns);
+    // Its async calls went with it.
+    s.calls.forget(&ns);
     Ok(StatusCode::NO_CONTENT)
 }
 

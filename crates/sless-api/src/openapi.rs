@@ -127,6 +127,12 @@ pub async fn serve() -> Response {
         crate::secrets::put,
         crate::secrets::get,
         crate::secrets::delete,
+        crate::calls::get,
+        crate::calls::list,
+        crate::dead_letters::list,
+        crate::dead_letters::redrive,
+        crate::dead_letters::redrive_trigger,
+        crate::dead_letters::delete,
     ),
     components(schemas(ErrorBody, sless_api_types::ErrorDetail)),
     modifiers(&Bearer),
@@ -139,6 +145,8 @@ pub async fn serve() -> Response {
         (name = "triggers", description = "HTTP, cron and queue triggers"),
         (name = "jobs", description = "One-shot runs"),
         (name = "secrets", description = "Encrypted secrets: names and keys are shown, values never"),
+        (name = "calls", description = "Async calls: queued with /async/... or /invoke?async=true, their results"),
+        (name = "dead-letters", description = "Messages and calls that exhausted their delivery policy"),
         (name = "audit", description = "The audit log of control-plane changes (admins only)"),
     )
 )]
@@ -347,6 +355,78 @@ pub struct AuditParams {
     /// At most this many, newest first (1 to 1000; default 100).
     #[param(pattern = "^(|[1-9][0-9]{0,2}|1000)$")]
     limit: Option<String>,
+}
+
+/// `{id}` of a call.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub struct CallIdPath {
+    /// The call's id (from the `202` that queued it).
+    #[param(max_length = 200)]
+    id: String,
+}
+
+/// `{id}` of a dead letter.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub struct DeadLetterIdPath {
+    /// The dead letter's id.
+    #[param(max_length = 200)]
+    id: String,
+}
+
+/// `GET .../calls` filters; an empty value filters nothing.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub struct CallParams {
+    /// Only this function's.
+    #[param(pattern = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$")]
+    function: Option<String>,
+    /// Only calls in this phase.
+    #[param(pattern = "^(|Queued|Running|Succeeded|Failed)$")]
+    phase: Option<String>,
+    /// At most this many, newest first (1 to 1000; default 100).
+    #[param(pattern = "^(|[1-9][0-9]{0,2}|1000)$")]
+    limit: Option<String>,
+}
+
+/// `GET .../dead-letters` filters; an empty value filters nothing.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub struct DeadLetterParams {
+    /// Only this trigger's.
+    #[param(pattern = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$")]
+    trigger: Option<String>,
+    /// Only this function's.
+    #[param(pattern = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$")]
+    function: Option<String>,
+    /// At most this many, newest first (1 to 1000; default 100).
+    #[param(pattern = "^(|[1-9][0-9]{0,2}|1000)$")]
+    limit: Option<String>,
+}
+
+/// `POST .../dead-letters/redrive?trigger=`.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub struct RedriveParams {
+    /// The trigger whose dead letters to redrive.
+    #[param(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+    trigger: String,
+}
+
+/// `POST .../invoke?async=`.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub struct InvokeParams {
+    /// Queue the call and answer `202 {"call_id"}` at once.
+    #[param(pattern = "^(|true|false)$")]
+    r#async: Option<String>,
 }
 
 #[cfg(test)]

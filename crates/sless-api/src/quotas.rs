@@ -34,6 +34,9 @@ pub struct Quotas {
     creating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Held while overrides are read, merged and written.
     setting: tokio::sync::Mutex<()>,
+    /// The async calls' queue, whose unfinished calls are the `queued_calls` usage
+    /// (set once the queue is started, after the quotas).
+    queued_calls: std::sync::OnceLock<Arc<sless_controller::calls::Calls>>,
 }
 
 impl Quotas {
@@ -59,7 +62,13 @@ impl Quotas {
             executor,
             creating: Mutex::new(HashMap::new()),
             setting: tokio::sync::Mutex::new(()),
+            queued_calls: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Counts the async calls' queue in the `queued_calls` usage.
+    pub fn count_queued_calls(&self, calls: Arc<sless_controller::calls::Calls>) {
+        let _ = self.queued_calls.set(calls);
     }
 
     /// The server's defaults.
@@ -161,8 +170,8 @@ impl Quotas {
             instances: live.instances,
             memory_mb: live.memory_mb,
             invocations_per_sec: live.invocations_per_sec,
-            // No feature queues calls or registers devices yet.
-            queued_calls: 0,
+            // Devices are not registered by any feature yet.
+            queued_calls: self.queued_calls.get().map_or(0, |c| c.queued(ns)),
             devices: 0,
             storage_mb: storage.div_ceil(MIB),
         })

@@ -4,6 +4,7 @@
 mod code;
 mod cpu;
 mod error;
+mod events;
 mod load;
 mod measure;
 mod procs;
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
+use sless_core::QueueKind;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::error::{BenchError, Result};
@@ -72,10 +74,15 @@ enum Group {
     ColdNode,
     WarmNode,
     Scale,
+    QueueAmqp,
+    QueueKafka,
+    QueueMqtt,
+    QueueNats,
+    Async,
 }
 
 impl Group {
-    const ALL: [Group; 8] = [
+    const ALL: [Group; 13] = [
         Group::Bare,
         Group::PythonShim,
         Group::Rss,
@@ -84,6 +91,11 @@ impl Group {
         Group::ColdNode,
         Group::WarmNode,
         Group::Scale,
+        Group::QueueAmqp,
+        Group::QueueKafka,
+        Group::QueueMqtt,
+        Group::QueueNats,
+        Group::Async,
     ];
 
     /// The group that measures `key`.
@@ -108,6 +120,11 @@ impl Group {
             | "gateway_vs_plain_node" => Group::WarmNode,
             "python_shim_ratio" => Group::PythonShim,
             "scale_ratio" => Group::Scale,
+            "queue_msgs_per_s_amqp" | "queue_vs_broker_amqp" => Group::QueueAmqp,
+            "queue_msgs_per_s_kafka" | "queue_vs_broker_kafka" => Group::QueueKafka,
+            "queue_msgs_per_s_mqtt" | "queue_vs_broker_mqtt" => Group::QueueMqtt,
+            "queue_msgs_per_s_nats" | "queue_vs_broker_nats" => Group::QueueNats,
+            "async_calls_per_s" | "async_vs_sync" => Group::Async,
             _ => return None,
         })
     }
@@ -283,6 +300,19 @@ async fn measure_all(
                 measure::python_shim(&opts.python, shim, scratch, &plan, figures).await?
             }
             Group::Scale => measure::scale(need(server)?, &plan, figures).await?,
+            Group::QueueAmqp => {
+                events::queue(need(server)?, QueueKind::Amqp, &plan, figures).await?
+            }
+            Group::QueueKafka => {
+                events::queue(need(server)?, QueueKind::Kafka, &plan, figures).await?
+            }
+            Group::QueueMqtt => {
+                events::queue(need(server)?, QueueKind::Mqtt, &plan, figures).await?
+            }
+            Group::QueueNats => {
+                events::queue(need(server)?, QueueKind::Nats, &plan, figures).await?
+            }
+            Group::Async => events::async_calls(need(server)?, &plan, figures).await?,
         }
     }
     Ok(())

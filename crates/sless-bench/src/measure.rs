@@ -15,7 +15,7 @@ use crate::procs::{PlainNode, ProtocolConfig, ProtocolServer, Server};
 use crate::stats::{Figures, percentile_ms};
 
 /// Every function lives in the default namespace, which a fresh server has.
-const NS: &str = "default";
+pub(crate) const NS: &str = "default";
 /// How often the deploy measurement polls the status: fine enough for millisecond figures.
 const DEPLOY_POLL: Duration = Duration::from_millis(2);
 /// How often other waits poll the status.
@@ -38,6 +38,8 @@ pub struct Plan {
     /// Alternating rounds of each comparison (see [`load::compare`]); every ratio and CPU
     /// figure is reported with its spread over them.
     pub rounds: u32,
+    /// Messages (and async calls) per round of the event figures.
+    pub messages: usize,
 }
 
 /// Rounds of a full run: enough for a median that one disturbed round cannot move.
@@ -60,6 +62,7 @@ impl Plan {
                     duration: Duration::from_millis(500),
                 },
                 rounds: rounds.unwrap_or(QUICK_ROUNDS).max(1),
+                messages: 500,
             }
         } else {
             Plan {
@@ -75,6 +78,7 @@ impl Plan {
                     duration: Duration::from_secs(2),
                 },
                 rounds: rounds.unwrap_or(FULL_ROUNDS).max(1),
+                messages: 5000,
             }
         }
     }
@@ -84,6 +88,7 @@ impl Plan {
 macro_rules! progress {
     ($($arg:tt)*) => { eprintln!("sless-bench: {}", format!($($arg)*)) };
 }
+pub(crate) use progress;
 
 /// `bare_python_ms_p50`: wall time of `python -c pass`.
 pub async fn bare_python(python: &Path, runs: usize, figures: &mut Figures) -> Result<()> {
@@ -560,13 +565,18 @@ async fn expect_ok(target: &Target) -> Result<()> {
 }
 
 /// `a / b`, or 0 when `b` is 0 (nothing measured on the reference side).
-fn ratio(a: f64, b: f64) -> f64 {
+pub(crate) fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 { a / b } else { 0.0 }
 }
 
 /// Creates a function (replacing a leftover of the same name), uploads its code and waits
 /// until it is `Ready`.
-async fn create(server: &Server, name: &str, spec: &Value, files: &[(&str, &str)]) -> Result<()> {
+pub(crate) async fn create(
+    server: &Server,
+    name: &str,
+    spec: &Value,
+    files: &[(&str, &str)],
+) -> Result<()> {
     if server.client.get_function(NS, name).await.is_ok() {
         remove(server, name).await?;
     }
@@ -587,7 +597,7 @@ async fn create(server: &Server, name: &str, spec: &Value, files: &[(&str, &str)
 }
 
 /// Deletes a function, which stops its instances.
-async fn remove(server: &Server, name: &str) -> Result<()> {
+pub(crate) async fn remove(server: &Server, name: &str) -> Result<()> {
     server
         .client
         .delete_function(NS, name)

@@ -152,6 +152,51 @@ pub const FIGURES: &[(&str, &str, Option<Target>)] = &[
         }),
     ),
     (
+        "queue_msgs_per_s_amqp",
+        "msg/s",
+        Some(Target {
+            bound: Bound::AtLeast,
+            reference: Reference::Value(2000.0),
+        }),
+    ),
+    ("queue_vs_broker_amqp", "", None),
+    (
+        "queue_msgs_per_s_kafka",
+        "msg/s",
+        Some(Target {
+            bound: Bound::AtLeast,
+            reference: Reference::Value(2000.0),
+        }),
+    ),
+    ("queue_vs_broker_kafka", "", None),
+    (
+        "queue_msgs_per_s_mqtt",
+        "msg/s",
+        Some(Target {
+            bound: Bound::AtLeast,
+            reference: Reference::Value(2000.0),
+        }),
+    ),
+    ("queue_vs_broker_mqtt", "", None),
+    (
+        "queue_msgs_per_s_nats",
+        "msg/s",
+        Some(Target {
+            bound: Bound::AtLeast,
+            reference: Reference::Value(2000.0),
+        }),
+    ),
+    ("queue_vs_broker_nats", "", None),
+    (
+        "async_calls_per_s",
+        "calls/s",
+        Some(Target {
+            bound: Bound::AtLeast,
+            reference: Reference::Value(2000.0),
+        }),
+    ),
+    ("async_vs_sync", "", None),
+    (
         "server_rss_mb_idle",
         "MiB",
         Some(Target {

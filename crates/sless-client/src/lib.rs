@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 
 pub use error::ClientError;
 pub use reqwest::header::HeaderMap;
+pub use sless_api_types::{Call, CallQueued, CallResponse, DeadLetter, Redriven};
 pub use types::Secret;
 pub use types::{
     CodeUploaded, Function, FunctionPhase, FunctionStatus, InstanceCounts, Invocation,
@@ -222,6 +223,105 @@ impl Client {
             headers,
             body,
         })
+    }
+
+    /// `POST .../functions/{name}/invoke?async=true`: queues a call of `name` with
+    /// `event`, its result POSTed to `callback` when it ends; answers with the call's id.
+    pub async fn invoke_async(
+        &self,
+        ns: &str,
+        name: &str,
+        event: &Value,
+        callback: Option<&str>,
+    ) -> Result<CallQueued> {
+        let mut url = self.url(&["v1", "namespaces", ns, "functions", name, "invoke"]);
+        url.query_pairs_mut().append_pair("async", "true");
+        let mut req = self.http.post(url.clone()).json(event);
+        if let Some(callback) = callback {
+            req = req.header("x-callback-url", callback);
+        }
+        let resp = self.send(req, &url).await?;
+        decode(resp, &url).await
+    }
+
+    /// `GET /v1/namespaces/{ns}/calls/{id}`.
+    pub async fn get_call(&self, ns: &str, id: &str) -> Result<Call> {
+        self.get_json(self.url(&["v1", "namespaces", ns, "calls", id]))
+            .await
+    }
+
+    /// `GET /v1/namespaces/{ns}/calls?function=&phase=&limit=`, newest first.
+    pub async fn list_calls(
+        &self,
+        ns: &str,
+        function: Option<&str>,
+        phase: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<Vec<Call>> {
+        let mut url = self.url(&["v1", "namespaces", ns, "calls"]);
+        {
+            let mut q = url.query_pairs_mut();
+            if let Some(f) = function {
+                q.append_pair("function", f);
+            }
+            if let Some(p) = phase {
+                q.append_pair("phase", p);
+            }
+            if let Some(l) = limit {
+                q.append_pair("limit", &l.to_string());
+            }
+        }
+        if url.query() == Some("") {
+            url.set_query(None);
+        }
+        let items: Items<Call> = self.get_json(url).await?;
+        Ok(items.items)
+    }
+
+    /// `GET /v1/namespaces/{ns}/dead-letters?trigger=&function=`, newest first.
+    pub async fn list_dead_letters(
+        &self,
+        ns: &str,
+        trigger: Option<&str>,
+        function: Option<&str>,
+    ) -> Result<Vec<DeadLetter>> {
+        let mut url = self.url(&["v1", "namespaces", ns, "dead-letters"]);
+        {
+            let mut q = url.query_pairs_mut();
+            if let Some(t) = trigger {
+                q.append_pair("trigger", t);
+            }
+            if let Some(f) = function {
+                q.append_pair("function", f);
+            }
+        }
+        if url.query() == Some("") {
+            url.set_query(None);
+        }
+        let items: Items<DeadLetter> = self.get_json(url).await?;
+        Ok(items.items)
+    }
+
+    /// `POST /v1/namespaces/{ns}/dead-letters/{id}/redrive`.
+    pub async fn redrive_dead_letter(&self, ns: &str, id: &str) -> Result<()> {
+        let url = self.url(&["v1", "namespaces", ns, "dead-letters", id, "redrive"]);
+        self.send(self.http.post(url.clone()), &url).await?;
+        Ok(())
+    }
+
+    /// `POST /v1/namespaces/{ns}/dead-letters/redrive?trigger=`: how many went.
+    pub async fn redrive_trigger_dead_letters(&self, ns: &str, trigger: &str) -> Result<Redriven> {
+        let mut url = self.url(&["v1", "namespaces", ns, "dead-letters", "redrive"]);
+        url.query_pairs_mut().append_pair("trigger", trigger);
+        let resp = self.send(self.http.post(url.clone()), &url).await?;
+        decode(resp, &url).await
+    }
+
+    /// `DELETE /v1/namespaces/{ns}/dead-letters/{id}`.
+    pub async fn delete_dead_letter(&self, ns: &str, id: &str) -> Result<()> {
+        let url = self.url(&["v1", "namespaces", ns, "dead-letters", id]);
+        self.send(self.http.delete(url.clone()), &url).await?;
+        Ok(())
     }
 
     /// `GET .../logs?tail=N`: the function's build and instance output, newest last.

@@ -17,6 +17,8 @@
 //! [`gc`] collects the code, builds and dependencies nothing uses any more, and
 //! answers how much storage a namespace's code takes.
 
+pub mod calls;
+pub mod dead_letters;
 pub mod gc;
 pub mod jobs;
 mod policy;

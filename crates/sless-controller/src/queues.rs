@@ -43,6 +43,18 @@ pub trait DeadLetterSink: Send + Sync + 'static {
     async fn remove(&self, namespace: &str, id: &str) -> anyhow::Result<()>;
 }
 
+/// The server's dead-letter store.
+#[async_trait]
+impl DeadLetterSink for crate::dead_letters::DeadLetters {
+    async fn write(&self, dead_letter: DeadLetter) -> anyhow::Result<()> {
+        crate::dead_letters::DeadLetters::write(self, dead_letter).await
+    }
+
+    async fn remove(&self, namespace: &str, id: &str) -> anyhow::Result<()> {
+        crate::dead_letters::DeadLetters::remove(self, namespace, id).await
+    }
+}
+
 /// The sink of a server that keeps no dead letters: each is logged once.
 struct LogDeadLetters;
 

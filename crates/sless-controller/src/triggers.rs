@@ -188,6 +188,11 @@ impl Triggers {
     }
 }
 
+/// The [`Fire`] every delivery engine fires into: the invocation pipeline.
+pub fn invoker_fire(invoker: Arc<Invoker>) -> Arc<dyn Fire> {
+    Arc::new(InvokerFire { invoker })
+}
+
 /// Fires go to the invocation pipeline, which records them. A delivery (queue and
 /// device triggers, async calls) is recorded with its attempt, trigger or call and
 /// the message's id as its request id, and answers with the handler's answer mapped

@@ -3,6 +3,10 @@
 //! and maps the handler's return
 //! value back to an HTTP response, following the contract's handler conventions.
 //!
+//! `/async/{ns}/{name}[/path]` maps the request the same way, then hands the event to
+//! the [`AsyncCalls`] seam (the control plane's durable queue) and answers `202` with
+//! the call's id once it is queued.
+//!
 //! Invariant: nothing here touches the metadata store (the crate graph makes sure:
 //! `scripts/check-layers`). Private functions are checked through the [`Authorizer`]
 //! seam, which caches; calls and their records go through the [`Invoker`], whose
@@ -69,6 +73,82 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
+/// A call for `/async/`: what to queue.
+#[derive(Debug, Clone)]
+pub struct AsyncCall {
+    pub namespace: String,
+    pub function: String,
+    /// The handler's event, as JSON bytes.
+    pub event: bytes::Bytes,
+    pub request_id: String,
+    /// `X-Callback-Url`, unchecked.
+    pub callback_url: Option<String>,
+}
+
+/// Why an async call was not queued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnqueueError {
+    /// The request is at fault (a callback URL that is not one), `400`.
+    #[error("{0}")]
+    Invalid(String),
+    /// The function's queue is full, `429` with `Retry-After`.
+    #[error("{0}")]
+    QueueFull(String),
+    /// Over the namespace's `queued_calls` quota, `429 quota_exceeded`.
+    #[error("{0}")]
+    Quota(String),
+    /// The queue could not be written, `503`.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// The durable queue of async calls, kept by the control plane (the gateway never
+/// touches the store).
+#[async_trait]
+pub trait AsyncCalls: Send + Sync + 'static {
+    /// Queues `call`; `Ok` with its id only once the call is durable.
+    async fn enqueue(&self, call: AsyncCall) -> Result<String, EnqueueError>;
+}
+
+/// The answer to a queued call: `202 {"call_id"}` with `X-Call-Id`.
+pub fn queued_response(call_id: &str) -> Response {
+    let body = serde_json::to_vec(&sless_api_types::CallQueued {
+        call_id: call_id.to_string(),
+    })
+    .unwrap_or_default();
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = StatusCode::ACCEPTED;
+    r.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = HeaderValue::from_str(call_id) {
+        r.headers_mut().insert("x-call-id", v);
+    }
+    r
+}
+
+/// The answer to a call that was not queued.
+pub fn enqueue_error_response(e: &EnqueueError) -> Response {
+    match e {
+        EnqueueError::Invalid(m) => error_response(StatusCode::BAD_REQUEST, "invalid", m),
+        EnqueueError::QueueFull(m) => {
+            let mut r = error_response(StatusCode::TOO_MANY_REQUESTS, "too_many_requests", m);
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                HeaderValue::from_static("1"),
+            );
+            r
+        }
+        EnqueueError::Quota(m) => {
+            error_response(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", m)
+        }
+        EnqueueError::Unavailable(m) => {
+            error_response(StatusCode::SERVICE_UNAVAILABLE, "unavailable", m)
+        }
+    }
+}
+
 /// What the gateway needs.
 #[derive(Clone)]
 pub struct Gateway {
@@ -81,6 +161,8 @@ pub struct Gateway {
     pub body_timeout: std::time::Duration,
     /// HTTP triggers' routes under `/t/`.
     pub routes: Arc<HttpRoutes>,
+    /// The queue `/async/` calls go to; `None`: `/async/` answers `404`.
+    pub async_calls: Option<Arc<dyn AsyncCalls>>,
 }
 
 /// `app` with `/fn/{ns}/{name}[/path]` answered before routing: the invoke path is the
@@ -163,6 +245,9 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/fn/{ns}/{name}", any(invoke_root))
         .route("/fn/{ns}/{name}/", any(invoke_root))
         .route("/fn/{ns}/{name}/{*path}", any(invoke_path))
+        .route("/async/{ns}/{name}", any(async_root))
+        .route("/async/{ns}/{name}/", any(async_root))
+        .route("/async/{ns}/{name}/{*path}", any(async_path))
         .route("/t/{ns}", any(trigger_root))
         .route("/t/{ns}/", any(trigger_root))
         .route("/t/{ns}/{*path}", any(trigger_path))
@@ -197,6 +282,83 @@ async fn invoke_path(
         Ok(Path((ns, name, path))) => handle(gw, ns, name, format!("/{path}"), req).await,
         Err(e) => bad_path(e),
     }
+}
+
+async fn async_root(
+    State(gw): State<Gateway>,
+    path: PathResult<(String, String)>,
+    req: Request,
+) -> Response {
+    match path {
+        Ok(Path((ns, name))) => queue_call(gw, ns, name, "/".to_string(), req).await,
+        Err(e) => bad_path(e),
+    }
+}
+
+async fn async_path(
+    State(gw): State<Gateway>,
+    path: PathResult<(String, String, String)>,
+    req: Request,
+) -> Response {
+    match path {
+        Ok(Path((ns, name, path))) => queue_call(gw, ns, name, format!("/{path}"), req).await,
+        Err(e) => bad_path(e),
+    }
+}
+
+/// `/async/{ns}/{name}[/path]`: the request mapped as on `/fn/`, queued; `202` once
+/// the call is durable.
+async fn queue_call(gw: Gateway, ns: String, name: String, path: String, req: Request) -> Response {
+    let request_id = request_id(req.headers());
+    let mut response = match enqueue(&gw, &ns, &name, path, req, &request_id).await {
+        Ok(call_id) => queued_response(&call_id),
+        Err(r) => r,
+    };
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert("x-request-id", v);
+    }
+    response
+}
+
+async fn enqueue(
+    gw: &Gateway,
+    ns: &str,
+    name: &str,
+    path: String,
+    req: Request,
+    request_id: &str,
+) -> Result<String, Response> {
+    let Some(calls) = gw.async_calls.clone() else {
+        return Err(error_response(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "async calls are not served here",
+        ));
+    };
+    let callback_url = match req.headers().get("x-callback-url") {
+        None => None,
+        Some(v) => match v.to_str() {
+            Ok(url) => Some(url.trim().to_string()),
+            Err(_) => {
+                return Err(error_response(
+                    StatusCode::BAD_REQUEST,
+                    "invalid",
+                    "X-Callback-Url: must be an http or https URL",
+                ));
+            }
+        },
+    };
+    let (_, event) = admit(gw, ns, name, path, req).await?;
+    calls
+        .enqueue(AsyncCall {
+            namespace: ns.to_string(),
+            function: name.to_string(),
+            event,
+            request_id: request_id.to_string(),
+            callback_url,
+        })
+        .await
+        .map_err(|e| enqueue_error_response(&e))
 }
 
 async fn trigger_root(
@@ -277,6 +439,128 @@ async fn handle(gw: Gateway, ns: String, name: String, path: String, req: Reques
     response
 }
 
+/// Everything before a call of `ns/name` is made: the function exists (and serves),
+/// a private one's token is checked, the body is read and the event built. Gives
+/// whether it was a `HEAD` (served as `GET`) and the event; `Err` is the answer.
+async fn admit(
+    gw: &Gateway,
+    ns: &str,
+    name: &str,
+    path: String,
+    req: Request,
+) -> Result<(bool, bytes::Bytes), Response> {
+    let not_found = || {
+        error_response(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!("function {ns}/{name} not found"),
+        )
+    };
+    // Only functions are reachable here: other pools (a job's run) have names that
+    // are not DNS labels.
+    if sless_core::validate_name("name", name).is_err() {
+        return Err(not_found());
+    }
+    // Nothing to serve: a function that failed says so, with the reason (after the
+    // same token check as a running private function).
+    let mut failed = None;
+    let private = match gw.invoker.target(ns, name) {
+        Some(Target::Serving { private }) => Some(private),
+        Some(Target::Failed(failure)) => {
+            let private = failure.private;
+            failed = Some(failure);
+            Some(private)
+        }
+        None => None,
+    };
+    match private {
+        None => return Err(not_found()),
+        Some(true) => {
+            let Some(token) = bearer_token(req.headers()) else {
+                return Err(error_response(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "this function is private: send a bearer token of its namespace",
+                ));
+            };
+            let peer = req
+                .extensions()
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| c.0.ip());
+            match gw.authorizer.may_invoke(token, ns, peer).await {
+                Access::Allowed => {}
+                // A token of another namespace must not learn that the function exists.
+                Access::Denied => return Err(not_found()),
+                Access::Limited(retry_after) => {
+                    let mut r = error_response(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "too_many_requests",
+                        &format!(
+                            "too many failed authentications from this address: retry in {retry_after} s"
+                        ),
+                    );
+                    r.headers_mut()
+                        .insert(axum::http::header::RETRY_AFTER, retry_after.into());
+                    return Err(r);
+                }
+            }
+        }
+        Some(false) => {}
+    }
+    if let Some(failure) = failed {
+        // The same answer as a call finding the function failed (a revision that
+        // could not start is summarised without its traceback), before the body is
+        // read: nothing was invoked, so nothing is recorded.
+        let e = sless_invoke::failed_error(ns, name, &failure);
+        return Err(public_invoke_error_response(&e, ns, name));
+    }
+
+    let (parts, body) = req.into_parts();
+    let body = match read_body(&parts.headers, body, gw.max_body, gw.body_timeout).await {
+        Ok(body) => body,
+        Err(e @ BodyError::TooLarge(_)) => {
+            return Err(error_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                &e.to_string(),
+            ));
+        }
+        Err(e @ BodyError::TimedOut(_)) => {
+            return Err(error_response(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                &e.to_string(),
+            ));
+        }
+        Err(e) => {
+            return Err(error_response(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                &e.to_string(),
+            ));
+        }
+    };
+
+    let is_head = parts.method == Method::HEAD;
+    let method = if is_head {
+        Method::GET
+    } else {
+        parts.method.clone()
+    };
+    let event = match event::http_event(&method, &path, parts.uri.query(), &parts.headers, &body) {
+        Ok(event) => event,
+        Err(e) => {
+            tracing::error!(namespace = ns, function = name, error = %e, "cannot encode the request as an event");
+            return Err(error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the request could not be encoded as the function's event",
+            ));
+        }
+    };
+    Ok((is_head, event))
+}
+
 async fn serve(
     gw: &Gateway,
     ns: &str,
@@ -292,101 +576,9 @@ async fn serve(
             &format!("function {ns}/{name} not found"),
         )
     };
-    // Only functions are reachable here: other pools (a job's run) have names that
-    // are not DNS labels.
-    if sless_core::validate_name("name", name).is_err() {
-        return not_found();
-    }
-    // Nothing to serve: a function that failed says so, with the reason (after the
-    // same token check as a running private function).
-    let mut failed = None;
-    let private = match gw.invoker.target(ns, name) {
-        Some(Target::Serving { private }) => Some(private),
-        Some(Target::Failed(failure)) => {
-            let private = failure.private;
-            failed = Some(failure);
-            Some(private)
-        }
-        None => None,
-    };
-    match private {
-        None => return not_found(),
-        Some(true) => {
-            let Some(token) = bearer_token(req.headers()) else {
-                return error_response(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthorized",
-                    "this function is private: send a bearer token of its namespace",
-                );
-            };
-            let peer = req
-                .extensions()
-                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-                .map(|c| c.0.ip());
-            match gw.authorizer.may_invoke(token, ns, peer).await {
-                Access::Allowed => {}
-                // A token of another namespace must not learn that the function exists.
-                Access::Denied => return not_found(),
-                Access::Limited(retry_after) => {
-                    let mut r = error_response(
-                        StatusCode::TOO_MANY_REQUESTS,
-                        "too_many_requests",
-                        &format!(
-                            "too many failed authentications from this address: retry in {retry_after} s"
-                        ),
-                    );
-                    r.headers_mut()
-                        .insert(axum::http::header::RETRY_AFTER, retry_after.into());
-                    return r;
-                }
-            }
-        }
-        Some(false) => {}
-    }
-    if let Some(failure) = failed {
-        // The same answer as a call finding the function failed (a revision that
-        // could not start is summarised without its traceback), before the body is
-        // read: nothing was invoked, so nothing is recorded.
-        let e = sless_invoke::failed_error(ns, name, &failure);
-        return public_invoke_error_response(&e, ns, name);
-    }
-
-    let (parts, body) = req.into_parts();
-    let body = match read_body(&parts.headers, body, gw.max_body, gw.body_timeout).await {
-        Ok(body) => body,
-        Err(e @ BodyError::TooLarge(_)) => {
-            return error_response(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                &e.to_string(),
-            );
-        }
-        Err(e @ BodyError::TimedOut(_)) => {
-            return error_response(
-                StatusCode::REQUEST_TIMEOUT,
-                "request_timeout",
-                &e.to_string(),
-            );
-        }
-        Err(e) => return error_response(StatusCode::BAD_REQUEST, "bad_request", &e.to_string()),
-    };
-
-    let is_head = parts.method == Method::HEAD;
-    let method = if is_head {
-        Method::GET
-    } else {
-        parts.method.clone()
-    };
-    let event = match event::http_event(&method, &path, parts.uri.query(), &parts.headers, &body) {
-        Ok(event) => event,
-        Err(e) => {
-            tracing::error!(namespace = ns, function = name, error = %e, "cannot encode the request as an event");
-            return error_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "the request could not be encoded as the function's event",
-            );
-        }
+    let (is_head, event) = match admit(gw, ns, name, path, req).await {
+        Ok(admitted) => admitted,
+        Err(response) => return response,
     };
     // Only requests that reach the executor are invocations: a refused body or a
     // failed authorisation never ran the function.

@@ -9,7 +9,9 @@
 //! generation it last saw (`If-Match`).
 
 mod audit;
+mod calls;
 mod cas;
+mod dead_letters;
 mod invocations;
 mod jobs;
 mod quotas;
@@ -23,6 +25,13 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sless_core::{FunctionSpec, FunctionStatus};
 
+pub use calls::{
+    CallFilter, CallRecord, CallResponse, CallStore, DEFAULT_CALL_LIMIT, MAX_CALL_LIMIT,
+    PendingCall,
+};
+pub use dead_letters::{
+    DEFAULT_DEAD_LETTER_LIMIT, DeadLetterFilter, DeadLetterStore, MAX_DEAD_LETTER_LIMIT,
+};
 pub use invocations::{
     DEFAULT_INVOCATION_LIMIT, InvocationFilter, InvocationStore, MAX_INVOCATION_LIMIT,
 };

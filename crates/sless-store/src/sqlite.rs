@@ -173,6 +173,8 @@ impl Store for SqliteStore {
             "DELETE FROM triggers WHERE namespace = ?",
             "DELETE FROM jobs WHERE namespace = ?",
             "DELETE FROM secrets WHERE namespace = ?",
+            "DELETE FROM async_calls WHERE namespace = ?",
+            "DELETE FROM dead_letters WHERE namespace = ?",
         ] {
             sqlx::query(table).bind(name).execute(&mut *tx).await?;
         }

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use sless::cli::{Ctx, GlobalArgs, admin, deploy, functions, invocations, jobs, secrets, triggers};
+use sless::cli::{
+    Ctx, GlobalArgs, admin, calls, deploy, functions, invocations, jobs, secrets, triggers,
+};
 use sless::serve;
 
 /// sless — serverless functions on one machine.
@@ -23,7 +25,10 @@ use sless::serve;
   sless ls && sless logs hello --tail 20
   sless trigger create nightly --function hello --cron '0 3 * * *'
   sless job run once --function hello --event '{\"x\": 2}' --wait
-  sless invocations --function hello --since 10m")]
+  sless invocations --function hello --since 10m
+  sless invoke hello --async --data '{\"x\": 3}' # prints the call id
+  sless calls get <call-id> --wait
+  sless dead-letters ls")]
 struct Cli {
     #[command(flatten)]
     global: GlobalArgs,
@@ -61,6 +66,12 @@ enum Command {
     Secret(secrets::SecretCommand),
     /// List recent invocations, newest first.
     Invocations(invocations::InvocationsArgs),
+    /// See async calls and their results (queue one with `sless invoke F --async`).
+    #[command(subcommand, alias = "call")]
+    Calls(calls::CallsCommand),
+    /// List, redrive and delete dead letters (what exhausted its delivery policy).
+    #[command(subcommand, name = "dead-letters", alias = "dead-letter")]
+    DeadLetters(calls::DeadLettersCommand),
     /// Create, list and delete namespaces.
     #[command(subcommand)]
     Ns(admin::NsCommand),
@@ -102,6 +113,8 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Job(command) => jobs::run(ctx, command).await,
         Command::Secret(command) => secrets::run(ctx, command).await,
         Command::Invocations(args) => invocations::run(ctx, args).await,
+        Command::Calls(command) => calls::calls(ctx, command).await,
+        Command::DeadLetters(command) => calls::dead_letters(ctx, command).await,
         Command::Ns(command) => admin::ns(ctx, command).await,
         Command::Token(command) => admin::token(ctx, command).await,
         Command::Whoami => admin::whoami(ctx).await,

@@ -233,6 +233,22 @@ pub struct ServeArgs {
     /// <data-dir>/secret.key, generated on first start.
     #[arg(long, env = "SLESS_SECRETS_DIR", value_name = "DIR")]
     pub secrets_dir: Option<PathBuf>,
+    // --- Async calls ---
+    /// Unfinished async calls one function may have; past it `/async/` answers 429.
+    #[arg(long, env = "SLESS_ASYNC_QUEUE_LIMIT", default_value_t = sless_controller::calls::DEFAULT_QUEUE_LIMIT,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub async_queue_limit: u64,
+    /// Let async calls' X-Callback-Url name loopback, private and link-local
+    /// addresses (and localhost). Turn off where callers must not reach the
+    /// server's own network through callbacks. (true/false, 1/0, yes/no, on/off.)
+    #[arg(
+        long,
+        env = "SLESS_ASYNC_CALLBACK_ALLOW_PRIVATE",
+        default_value = "true",
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub async_callback_allow_private: bool,
 }
 
 impl ServeArgs {
@@ -339,7 +355,7 @@ pub struct Server {
 /// when dropped.
 struct StopOnDrop {
     shutdown: CancellationToken,
-    tasks: [tokio::task::AbortHandle; 3],
+    tasks: [tokio::task::AbortHandle; 4],
 }
 
 impl Drop for StopOnDrop {
@@ -480,7 +496,11 @@ async fn build(args: ServeArgs) -> Result<Server> {
     let token_store: Arc<dyn sless_store::TokenStore> = sqlite.clone();
     let audit_store: Arc<dyn sless_store::AuditStore> = sqlite.clone();
     let quota_store: Arc<dyn sless_store::QuotaStore> = sqlite.clone();
+    let call_store: Arc<dyn sless_store::CallStore> = sqlite.clone();
+    let dead_letter_store: Arc<dyn sless_store::DeadLetterStore> = sqlite.clone();
     let store: Arc<dyn Store> = sqlite;
+    // The one writer of dead letters, for async calls and queue triggers alike.
+    let dead_letters = sless_controller::dead_letters::DeadLetters::new(dead_letter_store.clone());
     store.ensure_namespace("default").await?;
     let blobs: Arc<dyn BlobStore> = Arc::new(
         LocalBlobStore::new(data_dir.join("blobs")).context("cannot open the code store")?,
@@ -603,6 +623,27 @@ async fn build(args: ServeArgs) -> Result<Server> {
             },
         )
     };
+    // Finished async calls are kept as long as invocation records.
+    let call_retention = {
+        let call_store = call_store.clone();
+        sless_records::spawn_pruning(
+            "async calls",
+            Retention {
+                max_age: Duration::from_secs(args.invocation_retention_hours.saturating_mul(3600)),
+                max_count: args.invocation_retention_count,
+                ..Retention::default()
+            },
+            move |max_age, max_count| {
+                let call_store = call_store.clone();
+                Box::pin(async move {
+                    call_store
+                        .prune_calls(max_age, max_count)
+                        .await
+                        .map_err(sless_records::SinkError::new)
+                })
+            },
+        )
+    };
     let recorder = (!args.no_invocation_records)
         .then(|| Recorder::start(record_sink.clone(), RecorderConfig::default()));
     // Retention runs even with recording off, so earlier records still age out.
@@ -672,7 +713,32 @@ async fn build(args: ServeArgs) -> Result<Server> {
     ));
     controller.set_secrets(resolver.clone());
     triggers.set_secrets(resolver.clone());
+    triggers.set_dead_letters(dead_letters.clone());
     jobs.set_secrets(resolver);
+
+    // Async calls: the queue is read back before traffic is taken, and its
+    // unfinished calls are submitted again.
+    let calls = sless_controller::calls::Calls::start(
+        call_store.clone(),
+        store.clone(),
+        dead_letters.clone(),
+        sless_controller::triggers::invoker_fire(invoker.clone()),
+        executor.quotas().clone(),
+        sless_controller::calls::CallsConfig {
+            queue_limit: args.async_queue_limit,
+            allow_private_callbacks: args.async_callback_allow_private,
+            ..Default::default()
+        },
+        shutdown.clone(),
+    )
+    .await
+    .context("cannot read the queue of async calls")?;
+    quotas.count_queued_calls(calls.clone());
+    let redrive = Arc::new(sless_controller::dead_letters::Redrive::new(
+        dead_letters,
+        calls.clone(),
+        triggers.clone(),
+    ));
 
     let api = sless_api::router(AppState {
         store: store.clone(),
@@ -703,6 +769,10 @@ async fn build(args: ServeArgs) -> Result<Server> {
         quotas,
         secret_store: secret_store.clone(),
         cipher: Some(cipher.clone()),
+        calls: calls.clone(),
+        call_store,
+        dead_letters: dead_letter_store,
+        redrive,
     });
     let gateway = sless_gateway::Gateway {
         invoker,
@@ -710,6 +780,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
         max_body: (args.max_body_mb * MIB) as usize,
         body_timeout: Duration::from_secs(args.body_timeout_sec),
         routes,
+        async_calls: Some(Arc::new(sless_api::calls::GatewayCalls(calls.clone()))),
     };
     let app =
         sless_gateway::with_fast_path(gateway.clone(), sless_gateway::router(gateway).merge(api));
@@ -724,6 +795,10 @@ async fn build(args: ServeArgs) -> Result<Server> {
     for trigger in trigger_store.list_triggers(None).await? {
         triggers.apply(&trigger);
     }
+    calls
+        .resume()
+        .await
+        .context("cannot resume the queued async calls")?;
     let resumed = jobs.resume_all().await?;
     if resumed > 0 {
         tracing::info!(jobs = resumed, "resumed unfinished jobs");
@@ -747,6 +822,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
                 retention.abort_handle(),
                 collecting.abort_handle(),
                 audit_retention.abort_handle(),
+                call_retention.abort_handle(),
             ],
         },
         shutdown,

@@ -28,6 +28,15 @@ pub struct InvokeArgs {
     /// Event as JSON text, @FILE, or @- for stdin.
     #[arg(short, long, value_name = "JSON|@FILE")]
     pub data: Option<String>,
+
+    /// Queue the call and print its id at once (see `sless calls get ID --wait`); it
+    /// runs under the function's delivery policy, retried and dead-lettered.
+    #[arg(long = "async")]
+    pub r#async: bool,
+
+    /// With --async: POST the function's response here when the call ends.
+    #[arg(long, value_name = "URL", requires = "async")]
+    pub callback: Option<String>,
 }
 
 /// Where the event comes from once the flags are read.
@@ -84,6 +93,15 @@ fn parse_event(text: &str, origin: &str) -> anyhow::Result<Value> {
 pub async fn invoke(ctx: &Ctx, args: InvokeArgs) -> anyhow::Result<ExitCode> {
     let event = read_event(args.data.as_deref(), "--data")?;
     let ns = &ctx.namespace;
+    if args.r#async {
+        let queued = ctx
+            .client
+            .invoke_async(ns, &args.name, &event, args.callback.as_deref())
+            .await
+            .with_context(|| format!("cannot queue a call of {ns}/{}", args.name))?;
+        println!("{}", queued.call_id);
+        return Ok(ExitCode::SUCCESS);
+    }
     let resp = ctx
         .client
         .invoke(ns, &args.name, &event)

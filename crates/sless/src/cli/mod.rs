@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod archive;
+pub mod calls;
 pub mod deploy;
 pub mod functions;
 pub mod invocations;

@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod auth;
+mod calls;
 mod concurrency;
 mod functions;
 mod harness;

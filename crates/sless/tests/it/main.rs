@@ -9,8 +9,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod api;
+mod async_calls;
 mod audit;
 mod cli;
+mod dead_letters;
 mod harness;
 mod hostile_builds;
 mod hostile_deps;
