@@ -394,6 +394,73 @@ pub async fn raising_handlers_retry_then_dead_letter(kind: QueueKind) {
         status["counters"]["retried"].as_u64() >= Some(2),
         "{status}"
     );
+    // The dead letter is kept with the error; after the function is fixed, a redrive
+    // delivers it from attempt 1, and it goes away.
+    let (status, body) = send(
+        &setup.server,
+        reqwest::Method::GET,
+        "/v1/namespaces/default/dead-letters?trigger=raising",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let items = body["items"].as_array().expect("items").clone();
+    assert_eq!(items.len(), 1, "{body}");
+    let dl = &items[0];
+    assert_eq!(dl["source"], "queue", "{dl}");
+    assert_eq!(dl["function"], "raising", "{dl}");
+    assert_eq!(dl["payload"], json!({"raise": true, "n": 1}), "{dl}");
+    assert_eq!(dl["attempts"], 3, "{dl}");
+    assert_eq!(dl["last_status"], 500, "{dl}");
+    assert!(
+        dl["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("poison 1"),
+        "{dl}"
+    );
+    assert!(!dl.to_string().contains(&broker.url()), "{dl}");
+    let fixed = crate::queue_harness::HANDLER.replace(
+        "raise RuntimeError(\"poison %s\" % event.get(\"n\"))",
+        "print(\"recovered %s\" % event.get(\"n\"))",
+    );
+    assert_ne!(fixed, crate::queue_harness::HANDLER);
+    setup
+        .server
+        .deploy(
+            "raising",
+            json!({"runtime": "python3"}),
+            &[("handler.py", &fixed)],
+        )
+        .await;
+    let id = dl["id"].as_str().expect("id");
+    let (status, body) = send(
+        &setup.server,
+        reqwest::Method::POST,
+        &format!("/v1/namespaces/default/dead-letters/{id}/redrive"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, body) = send(
+            &setup.server,
+            reqwest::Method::GET,
+            "/v1/namespaces/default/dead-letters?trigger=raising",
+            None,
+        )
+        .await;
+        let log = setup.log().await;
+        if log.contains("recovered 1") && body["items"].as_array().is_some_and(Vec::is_empty) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the redrive did not succeed: {body}\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// `ordering: key` keeps the messages of one key in order under `concurrency` > 1;
