@@ -45,3 +45,8 @@ async fn amqp_raising_handlers_retry_then_dead_letter() {
 async fn amqp_ordering_and_concurrency() {
     s::ordering_and_concurrency(KIND).await;
 }
+
+#[tokio::test]
+async fn amqp_from_the_command_line() {
+    s::from_the_command_line(KIND).await;
+}

@@ -564,3 +564,92 @@ async fn wait_records(setup: &Setup, path: &str, count: usize) -> Value {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// `sless trigger create --queue` makes a queue trigger; `trigger ls` shows its state
+/// and counters, `trigger get` its settings.
+pub async fn from_the_command_line(kind: QueueKind) {
+    let broker = shared_broker(kind).await;
+    let setup = Setup::new("clifn").await;
+    let topic = unique("cli");
+    let url = broker.url();
+    let out = sless_cli(
+        &setup,
+        &[
+            "trigger",
+            "create",
+            "from-cli",
+            "--function",
+            "clifn",
+            "--queue",
+            &url,
+            "--topic",
+            &topic,
+            "--concurrency",
+            "2",
+            "--max-attempts",
+            "2",
+            "--dead-letter-topic",
+            "cli.dlq",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        stdout.trim(),
+        format!(
+            "created trigger default/from-cli: {}:{topic} -> clifn",
+            kind.as_str()
+        )
+    );
+    setup.wait_connected("from-cli").await;
+    let publisher = Client::connect(&*broker, &unique("publisher")).await;
+    publisher.publish_run(&topic, "cli", 0..3).await;
+    setup.wait_handled("cli", 0..3).await;
+
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let out = sless_cli(&setup, &["trigger", "ls"]).await;
+        let table = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{out:?}");
+        let row = table
+            .lines()
+            .find(|l| l.starts_with("from-cli"))
+            .unwrap_or_default()
+            .to_string();
+        if row.contains("ok 3 / retry 0 / dlq 0") {
+            assert!(table.starts_with("NAME"), "{table}");
+            assert!(table.contains("STATE"), "{table}");
+            assert!(row.contains(" connected "), "{row}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "counters never reached 3:\n{table}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = sless_cli(&setup, &["trigger", "get", "from-cli"]).await;
+    let summary = String::from_utf8_lossy(&out.stdout).into_owned();
+    for line in [
+        "type:         queue",
+        "state:        connected",
+        "dead letters: cli.dlq",
+        "delivery:     concurrency 2, ordering none, 2 attempts",
+        "counters:     received 3, succeeded 3",
+    ] {
+        assert!(summary.contains(line), "{line:?} not in\n{summary}");
+    }
+}
+
+async fn sless_cli(setup: &Setup, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_sless"))
+        .args(args)
+        .env("SLESS_SERVER", setup.server.url())
+        .env("SLESS_TOKEN", crate::harness::TOKEN)
+        .env_remove("SLESS_NAMESPACE")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run sless")
+}
