@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian machine for sless: installs the system packages it runs
 # functions with (bubblewrap, slirp4netns and iproute2 for their network, Python,
-# Node.js, npm), builds the binary and puts
+# Node.js, npm; gcc and make for the Kafka connector's librdkafka), builds the binary and puts
 # it on PATH as /usr/local/bin/sless. Run as root (or with sudo).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -16,6 +16,10 @@ command -v slirp4netns >/dev/null || need_apt+=(slirp4netns)
 command -v node >/dev/null || need_apt+=(nodejs)
 command -v npm >/dev/null || need_apt+=(npm)
 command -v zip >/dev/null || need_apt+=(zip)
+# The Kafka connector builds its bundled librdkafka with these.
+command -v gcc >/dev/null || need_apt+=(gcc)
+command -v make >/dev/null || need_apt+=(make)
+command -v perl >/dev/null || need_apt+=(perl)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing ${need_apt[*]}"
   apt-get update -qq
@@ -23,6 +27,6 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 echo "==> building sless"
-cargo build --release --locked -p sless
+cargo build --release --locked -p sless --features kafka
 install -m 0755 target/release/sless /usr/local/bin/sless
 echo "==> installed /usr/local/bin/sless; start it with: sless serve"

@@ -377,10 +377,18 @@ impl Queues {
             .and_then(Value::as_str)
             .map(str::to_string)
             .unwrap_or_else(|| dl.id.clone());
-        let key = message
-            .get("key")
-            .and_then(Value::as_str)
-            .map(str::to_string);
+        // As `Message::ordering_key`: the key, else a Kafka message's partition.
+        let key = match (message.get("key"), message.get("partition")) {
+            (Some(Value::String(k)), _) => Some(k.clone()),
+            (_, Some(Value::Number(p))) => Some(format!(
+                "{}#{p}",
+                message
+                    .get("topic")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+            )),
+            _ => None,
+        };
         let shape = lock(&r.shared.settings).event;
         let delivery = Delivery {
             id: id.clone(),
@@ -573,7 +581,7 @@ impl Shared {
         let shape = lock(&self.settings).event;
         Delivery {
             id: m.id.clone(),
-            key: m.key.clone(),
+            key: m.ordering_key(),
             event: event_of(shape, &m.payload, &meta),
             message: Some(meta),
             call_id: None,

@@ -75,6 +75,14 @@ pub struct Message {
 }
 
 impl Message {
+    /// What `ordering: key` orders by: the message's key; for a Kafka message without
+    /// one, its partition (`topic#partition`), Kafka's own unit of order.
+    pub fn ordering_key(&self) -> Option<String> {
+        self.key
+            .clone()
+            .or_else(|| self.partition.map(|p| format!("{}#{p}", self.topic)))
+    }
+
     /// `context.message` as the contract words it, for the handler and dead letters.
     pub fn meta(&self, kind: QueueKind, attempt: u32) -> serde_json::Value {
         let headers: serde_json::Map<String, serde_json::Value> = self

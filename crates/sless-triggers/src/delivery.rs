@@ -303,7 +303,15 @@ impl Engine {
         self.hooks.attempt_started(&job.delivery, job.attempt).await;
         let outcome = self.attempt(&job.delivery, job.attempt).await;
         let success = outcome.is_success();
-        let retry = !success && job.policy.retries(job.attempt, outcome.status);
+        // A 404 the platform gave, not the handler (no pool serves the function yet: a
+        // deploy in progress, calls resumed before their function is back), is worth
+        // another attempt like a 503; a handler's own 404 is final.
+        let status = if outcome.status == 404 && outcome.response.is_none() {
+            503
+        } else {
+            outcome.status
+        };
+        let retry = !success && job.policy.retries(job.attempt, status);
         {
             let mut st = self.lock();
             st.in_flight -= 1;
@@ -577,8 +585,19 @@ mod tests {
             tokio::time::sleep(self.work).await;
             *self.per_key.lock().unwrap().get_mut(&key).unwrap() -= 1;
             self.in_flight.fetch_sub(1, AtomicOrdering::SeqCst);
-            let status = (self.script)(&info.request_id, info.attempt);
+            let scripted = (self.script)(&info.request_id, info.attempt);
             self.finished.send_modify(|n| *n += 1);
+            // A scripted status above 1000 is the platform's (status − 1000): no handler
+            // answered, so there is no response.
+            if scripted > 1000 {
+                let status = scripted - 1000;
+                return FireOutcome {
+                    status,
+                    error: Some(format!("platform {status}")),
+                    response: None,
+                };
+            }
+            let status = scripted;
             FireOutcome {
                 status,
                 error: (status >= 500).then(|| format!("boom {status}")),
@@ -942,6 +961,22 @@ mod tests {
             let c = rig.engine.counters();
             assert_eq!((c.failed, c.retried, c.dead_lettered), (1, 0, 1));
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_404_of_the_platform_is_retried_but_a_handlers_is_not() {
+        // No function serving yet (404 from the platform) twice, then the handler answers.
+        let fire = FakeFire::new(|_, attempt| if attempt < 3 { 1404 } else { 200 });
+        let mut rig = Rig::new(fire, policy(1, Ordering::None));
+        rig.submit("m-1").await;
+        rig.done(1).await;
+        assert_eq!(rig.fire.attempts_of("m-1").len(), 3);
+        assert!(matches!(
+            rig.hooks.of("m-1")[..],
+            [Settled::Succeeded { attempts: 3, .. }]
+        ));
+        let c = rig.engine.counters();
+        assert_eq!((c.failed, c.retried, c.succeeded), (2, 2, 1));
     }
 
     #[tokio::test(start_paused = true)]

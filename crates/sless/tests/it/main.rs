@@ -28,6 +28,8 @@ mod jwt;
 mod lifecycle;
 mod queue_amqp;
 mod queue_harness;
+#[cfg(feature = "kafka")]
+mod queue_kafka;
 mod queue_mqtt;
 mod queue_nats;
 mod queue_scenarios;

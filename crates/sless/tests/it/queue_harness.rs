@@ -22,11 +22,15 @@ pub const WAIT: Duration = Duration::from_secs(90);
 /// The function every queue test deploys. JSON objects with `n` are logged as
 /// `got RUN N` (after sleeping `sleep` seconds when the event says so); anything
 /// else as `raw <event as JSON>`. `{"fail": 400}` answers 400
-/// (a failure without retry); `{"raise": ...}` raises.
+/// (a failure without retry); `{"raise": ...}` raises. A Kafka message's partition is
+/// logged as `partition RUN N P` beside it.
 pub const HANDLER: &str = r#"import json
 import time
 
-def handle(event):
+def handle(event, context):
+    message = getattr(context, "message", None) or {}
+    if isinstance(event, dict) and "n" in event and message.get("partition") is not None:
+        print("partition %s %s %s" % (event.get("run"), event["n"], message["partition"]))
     if isinstance(event, dict) and "sleep" in event:
         time.sleep(event["sleep"])
     if isinstance(event, dict) and event.get("fail") == 400:
@@ -113,6 +117,28 @@ impl TestBroker for Mqtt {
     }
 }
 
+/// librdkafka's mock cluster (`kcat`): always running, and it cannot be restarted (it
+/// keeps everything in memory), so the broker-restart scenarios do not run on Kafka.
+#[cfg(feature = "kafka")]
+pub struct Kafka {
+    broker: sless_brokers::KafkaMock,
+}
+
+#[cfg(feature = "kafka")]
+impl TestBroker for Kafka {
+    fn kind(&self) -> QueueKind {
+        QueueKind::Kafka
+    }
+    fn url(&self) -> String {
+        self.broker.url()
+    }
+    /// The mock runs from its start; there is nothing to start again.
+    fn restart(&self) {}
+    fn stop(&self) {
+        panic!("librdkafka's mock cluster cannot be stopped and started again");
+    }
+}
+
 /// A broker of `kind` not started yet (for tests that stop or start it themselves).
 pub async fn own_broker(kind: QueueKind) -> Arc<dyn TestBroker> {
     tokio::task::spawn_blocking(move || -> Arc<dyn TestBroker> {
@@ -130,7 +156,12 @@ pub async fn own_broker(kind: QueueKind) -> Arc<dyn TestBroker> {
                     url,
                 })
             }
-            other => panic!("no test broker for {}", other.as_str()),
+            #[cfg(feature = "kafka")]
+            QueueKind::Kafka => Arc::new(Kafka {
+                broker: sless_brokers::KafkaMock::start().expect("kafka mock"),
+            }),
+            #[cfg(not(feature = "kafka"))]
+            QueueKind::Kafka => panic!("this build has no Kafka support (feature `kafka`)"),
         }
     })
     .await
@@ -143,11 +174,12 @@ pub async fn shared_broker(kind: QueueKind) -> Arc<dyn TestBroker> {
     static AMQP: OnceCell<Arc<dyn TestBroker>> = OnceCell::const_new();
     static NATS: OnceCell<Arc<dyn TestBroker>> = OnceCell::const_new();
     static MQTT: OnceCell<Arc<dyn TestBroker>> = OnceCell::const_new();
+    static KAFKA: OnceCell<Arc<dyn TestBroker>> = OnceCell::const_new();
     let cell = match kind {
         QueueKind::Amqp => &AMQP,
         QueueKind::Nats => &NATS,
         QueueKind::Mqtt => &MQTT,
-        other => panic!("no test broker for {}", other.as_str()),
+        QueueKind::Kafka => &KAFKA,
     };
     cell.get_or_init(|| async move {
         let broker = own_broker(kind).await;
