@@ -67,6 +67,181 @@ pub const DEFAULT_CALL_LIMIT: u32 = 100;
 /// The most calls one list returns.
 pub const MAX_CALL_LIMIT: u32 = 1000;
 
+/// The writes of calls' lifecycle, committed in groups: every caller waits for the
+/// commit of the transaction its write went into, so each write is as durable when its
+/// call returns as a write of its own, but many concurrent calls (a burst of `/async/`
+/// requests, a dispatcher marking attempts) share one commit instead of paying one each.
+pub(crate) struct CallWriter {
+    tx: tokio::sync::mpsc::UnboundedSender<Pending>,
+}
+
+/// One write and whom to tell how it went.
+struct Pending {
+    write: CallWrite,
+    done: tokio::sync::oneshot::Sender<Result<()>>,
+}
+
+/// The writes [`CallWriter`] groups.
+pub(crate) enum CallWrite {
+    Insert(CallRecord),
+    Started {
+        namespace: String,
+        id: String,
+        attempt: u32,
+        at: DateTime<Utc>,
+    },
+    Finished {
+        namespace: String,
+        id: String,
+        phase: CallPhase,
+        attempts: u32,
+        response: Option<CallResponse>,
+        error: Option<String>,
+        at: DateTime<Utc>,
+    },
+}
+
+/// The most writes one transaction takes.
+const MAX_GROUP: usize = 512;
+
+impl CallWriter {
+    /// Starts the writer's task on `pool`; it ends when the writer is dropped.
+    pub(crate) fn start(pool: sqlx::SqlitePool) -> CallWriter {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Pending>();
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut group = vec![first];
+                while group.len() < MAX_GROUP {
+                    match rx.try_recv() {
+                        Ok(p) => group.push(p),
+                        Err(_) => break,
+                    }
+                }
+                commit_group(&pool, group).await;
+            }
+        });
+        CallWriter { tx }
+    }
+
+    /// Queues `write` and waits until the transaction holding it committed.
+    pub(crate) async fn write(&self, write: CallWrite) -> Result<()> {
+        let (done, answer) = tokio::sync::oneshot::channel();
+        let gone = || StoreError::Database(sqlx::Error::PoolClosed);
+        self.tx.send(Pending { write, done }).map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+}
+
+/// Applies every write of `group` in one transaction. A write that fails alone (a
+/// duplicate id, a call that is gone) gets its own error, and SQLite undoes only that
+/// statement; a transaction that cannot begin or commit fails every write in it.
+async fn commit_group(pool: &sqlx::SqlitePool, group: Vec<Pending>) {
+    let applied = async {
+        let mut tx = pool.begin().await?;
+        let mut outcomes = Vec::with_capacity(group.len());
+        for p in &group {
+            outcomes.push(apply(&mut tx, &p.write).await);
+        }
+        tx.commit().await?;
+        Ok::<_, sqlx::Error>(outcomes)
+    }
+    .await;
+    match applied {
+        Ok(outcomes) => {
+            for (p, outcome) in group.into_iter().zip(outcomes) {
+                let _ = p.done.send(outcome);
+            }
+        }
+        Err(e) => {
+            let text = e.to_string();
+            for p in group {
+                let _ = p.done.send(Err(StoreError::Database(sqlx::Error::Protocol(
+                    text.clone(),
+                ))));
+            }
+        }
+    }
+}
+
+/// One write, inside the group's transaction.
+async fn apply(conn: &mut sqlx::SqliteConnection, write: &CallWrite) -> Result<()> {
+    match write {
+        CallWrite::Insert(c) => {
+            let result = sqlx::query(
+                "INSERT INTO async_calls (id, namespace, function, phase, attempts, event, \
+                 request_id, callback_url, queued_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(&c.id)
+            .bind(&c.namespace)
+            .bind(&c.function)
+            .bind(c.phase.as_str())
+            .bind(i64::from(c.attempts))
+            .bind(&c.event)
+            .bind(&c.request_id)
+            .bind(c.callback_url.as_deref())
+            .bind(micros(c.queued_at))
+            .execute(&mut *conn)
+            .await;
+            crate::inserted(result, "call", &c.namespace, &c.id)
+        }
+        CallWrite::Started {
+            namespace,
+            id,
+            attempt,
+            at,
+        } => {
+            let done = sqlx::query(
+                "UPDATE async_calls SET phase = 'Running', attempts = ?, \
+                 started_at = COALESCE(started_at, ?) WHERE namespace = ? AND id = ?",
+            )
+            .bind(i64::from(*attempt))
+            .bind(micros(*at))
+            .bind(namespace)
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
+            if done.rows_affected() == 0 {
+                return Err(not_found(id));
+            }
+            Ok(())
+        }
+        CallWrite::Finished {
+            namespace,
+            id,
+            phase,
+            attempts,
+            response,
+            error,
+            at,
+        } => {
+            let headers = response
+                .as_ref()
+                .map(|r| serde_json::to_string(&r.headers))
+                .transpose()?;
+            let done = sqlx::query(
+                "UPDATE async_calls SET phase = ?, attempts = ?, response_status = ?, \
+                 response_headers = ?, response_body = ?, error = ?, finished_at = ? \
+                 WHERE namespace = ? AND id = ?",
+            )
+            .bind(phase.as_str())
+            .bind(i64::from(*attempts))
+            .bind(response.as_ref().map(|r| i64::from(r.status)))
+            .bind(headers)
+            .bind(response.as_ref().map(|r| r.body.as_slice()))
+            .bind(error.as_deref())
+            .bind(micros(*at))
+            .bind(namespace)
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
+            if done.rows_affected() == 0 {
+                return Err(not_found(id));
+            }
+            Ok(())
+        }
+    }
+}
+
 /// Rows deleted per statement while pruning, so a prune never holds the write lock long.
 const DELETE_CHUNK: i64 = 5000;
 
@@ -187,22 +362,7 @@ fn not_found(id: &str) -> StoreError {
 #[async_trait]
 impl CallStore for SqliteStore {
     async fn insert_call(&self, c: &CallRecord) -> Result<()> {
-        let result = sqlx::query(
-            "INSERT INTO async_calls (id, namespace, function, phase, attempts, event, \
-             request_id, callback_url, queued_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&c.id)
-        .bind(&c.namespace)
-        .bind(&c.function)
-        .bind(c.phase.as_str())
-        .bind(i64::from(c.attempts))
-        .bind(&c.event)
-        .bind(&c.request_id)
-        .bind(c.callback_url.as_deref())
-        .bind(micros(c.queued_at))
-        .execute(self.pool())
-        .await;
-        crate::inserted(result, "call", &c.namespace, &c.id)
+        self.call_writer().write(CallWrite::Insert(c.clone())).await
     }
 
     async fn get_call(&self, namespace: &str, id: &str) -> Result<CallRecord> {
@@ -291,20 +451,14 @@ impl CallStore for SqliteStore {
         attempt: u32,
         at: DateTime<Utc>,
     ) -> Result<()> {
-        let done = sqlx::query(
-            "UPDATE async_calls SET phase = 'Running', attempts = ?, \
-             started_at = COALESCE(started_at, ?) WHERE namespace = ? AND id = ?",
-        )
-        .bind(i64::from(attempt))
-        .bind(micros(at))
-        .bind(namespace)
-        .bind(id)
-        .execute(self.pool())
-        .await?;
-        if done.rows_affected() == 0 {
-            return Err(not_found(id));
-        }
-        Ok(())
+        self.call_writer()
+            .write(CallWrite::Started {
+                namespace: namespace.to_string(),
+                id: id.to_string(),
+                attempt,
+                at,
+            })
+            .await
     }
 
     async fn call_finished(
@@ -317,29 +471,17 @@ impl CallStore for SqliteStore {
         error: Option<&str>,
         at: DateTime<Utc>,
     ) -> Result<()> {
-        let headers = response
-            .map(|r| serde_json::to_string(&r.headers))
-            .transpose()?;
-        let done = sqlx::query(
-            "UPDATE async_calls SET phase = ?, attempts = ?, response_status = ?, \
-             response_headers = ?, response_body = ?, error = ?, finished_at = ? \
-             WHERE namespace = ? AND id = ?",
-        )
-        .bind(phase.as_str())
-        .bind(i64::from(attempts))
-        .bind(response.map(|r| i64::from(r.status)))
-        .bind(headers)
-        .bind(response.map(|r| r.body.as_slice()))
-        .bind(error)
-        .bind(micros(at))
-        .bind(namespace)
-        .bind(id)
-        .execute(self.pool())
-        .await?;
-        if done.rows_affected() == 0 {
-            return Err(not_found(id));
-        }
-        Ok(())
+        self.call_writer()
+            .write(CallWrite::Finished {
+                namespace: namespace.to_string(),
+                id: id.to_string(),
+                phase,
+                attempts,
+                response: response.cloned(),
+                error: error.map(str::to_string),
+                at,
+            })
+            .await
     }
 
     async fn requeue_call(
@@ -431,6 +573,58 @@ mod tests {
 
     fn ids(calls: &[CallRecord]) -> Vec<&str> {
         calls.iter().map(|c| c.id.as_str()).collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_writes_share_commits_and_fail_alone() {
+        let store = std::sync::Arc::new(SqliteStore::in_memory().await.unwrap());
+        store.insert_call(&call("dup", "a", "f", 0)).await.unwrap();
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..200 {
+            let store = store.clone();
+            tasks.spawn(async move {
+                let id = if i == 100 {
+                    "dup".to_string()
+                } else {
+                    format!("c{i}")
+                };
+                let inserted = store.insert_call(&call(&id, "a", "f", 0)).await;
+                let started = store
+                    .call_started("a", &format!("c{i}"), 1, Utc::now())
+                    .await;
+                (i, inserted, started)
+            });
+        }
+        let mut conflicts = 0;
+        while let Some(done) = tasks.join_next().await {
+            let (i, inserted, started) = done.unwrap();
+            match inserted {
+                Err(StoreError::Conflict { .. }) if i == 100 => conflicts += 1,
+                other => assert!(other.is_ok(), "c{i}: {other:?}"),
+            }
+            // The one whose insert was the duplicate has no row of its own to start.
+            if i == 100 {
+                assert!(
+                    matches!(started, Err(StoreError::NotFound { .. })),
+                    "{started:?}"
+                );
+            } else {
+                started.unwrap();
+            }
+        }
+        assert_eq!(conflicts, 1);
+        let running = store
+            .list_calls(
+                "a",
+                &CallFilter {
+                    phase: Some(CallPhase::Running),
+                    limit: Some(1000),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(running.len(), 199);
     }
 
     #[tokio::test]

@@ -23,6 +23,8 @@ use crate::{FunctionChange, FunctionRecord, Namespace, Result, Store, StoreError
 /// `SQLITE_BUSY` when another connection wrote since that read.
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// Group commits of async calls' writes (started with the store).
+    calls: crate::calls::CallWriter,
 }
 
 impl SqliteStore {
@@ -40,7 +42,17 @@ impl SqliteStore {
             .connect_with(options)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self::with_pool(pool))
+    }
+
+    fn with_pool(pool: SqlitePool) -> Self {
+        let calls = crate::calls::CallWriter::start(pool.clone());
+        Self { pool, calls }
+    }
+
+    /// The writer async calls' lifecycle writes go through.
+    pub(crate) fn call_writer(&self) -> &crate::calls::CallWriter {
+        &self.calls
     }
 
     /// The connection pool, for the other record kinds kept in the same database.
@@ -56,7 +68,7 @@ impl SqliteStore {
             .connect_with(options)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self::with_pool(pool))
     }
 }
 
