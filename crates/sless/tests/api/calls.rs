@@ -37,8 +37,9 @@ fn invoke_async(function: &str, event: &Value) -> Req {
 #[tokio::test]
 async fn a_call_that_cannot_run_is_failed_dead_lettered_redriven_and_deleted() {
     let app = App::start().await;
-    // Created without code: nothing serves it, so every attempt fails with 404,
-    // which is not worth a retry.
+    // Created without code: nothing serves it, so every attempt fails with the
+    // platform's 404, retried like a 503 (a deploy may be on its way) until the
+    // policy's three attempts are spent.
     app.function("default", "pending").await;
     let (status, headers, body) = app
         .send_full(invoke_async("pending", &json!({"n": 1})))
@@ -50,7 +51,8 @@ async fn a_call_that_cannot_run_is_failed_dead_lettered_redriven_and_deleted() {
     let call = ended(&app, &id).await;
     assert_eq!(call["phase"], "Failed", "{call}");
     assert_eq!(call["function"], "pending");
-    assert_eq!(call["attempts"], 1, "{call}");
+    assert_eq!(call["attempts"], 3, "{call}");
+    assert_eq!(call["error"], "function not found", "{call}");
     assert!(call["finished_at"].is_string(), "{call}");
     let listed = app
         .expect(
@@ -70,7 +72,7 @@ async fn a_call_that_cannot_run_is_failed_dead_lettered_redriven_and_deleted() {
     assert_eq!(dl["source"], "async", "{dead}");
     assert_eq!(dl["payload"], json!({"n": 1}), "{dead}");
     assert_eq!(dl["message"]["call_id"], id.as_str(), "{dead}");
-    assert_eq!(dl["attempts"], 1);
+    assert_eq!(dl["attempts"], 3);
     let dl_id = dl["id"].as_str().expect("an id").to_string();
 
     // Redriven: queued again from attempt 1; it fails again and comes back updated.
