@@ -67,7 +67,7 @@ fn parse_filter(params: &[(String, String)]) -> Result<InvocationFilter, ApiErro
                 filter.trigger = Some(value.clone());
             }
             "call_id" => {
-                if value.len() > 200 || value.chars().any(char::is_control) {
+                if value.chars().count() > 200 || value.chars().any(char::is_control) {
                     return Err(ApiError::bad(format!(
                         "call_id: must be a call id (at most 200 characters), got {value:?}"
                     )));

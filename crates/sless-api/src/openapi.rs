@@ -310,14 +310,14 @@ pub struct InvocationParams {
     /// Only the deliveries of this queue or device trigger.
     #[param(pattern = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$")]
     trigger: Option<String>,
-    /// Only the attempts of this async call.
-    #[param(max_length = 200)]
+    /// Only the attempts of this async call (no control characters).
+    #[param(max_length = 200, pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$")]
     call_id: Option<String>,
     /// Only those answered with this HTTP status (100 to 599).
     #[param(pattern = "^(|[1-5][0-9][0-9])$")]
     status: Option<String>,
     /// Only those started by this source.
-    #[param(inline, value_type = Option<String>, pattern = "^(|http|invoke|cron|queue|job)$")]
+    #[param(inline, value_type = Option<String>, pattern = "^(|http|invoke|cron|queue|job|device|async)$")]
     source: Option<String>,
     /// Only those started at or after this time (RFC 3339, such as `2025-01-31T12:00:00Z`).
     #[param(
