@@ -377,18 +377,17 @@ impl Queues {
             .and_then(Value::as_str)
             .map(str::to_string)
             .unwrap_or_else(|| dl.id.clone());
-        // As `Message::ordering_key`: the key, else a Kafka message's partition.
-        let key = match (message.get("key"), message.get("partition")) {
-            (Some(Value::String(k)), _) => Some(k.clone()),
-            (_, Some(Value::Number(p))) => Some(format!(
-                "{}#{p}",
-                message
-                    .get("topic")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-            )),
-            _ => None,
-        };
+        let key = sless_queue::ordering_key(
+            message.get("key").and_then(Value::as_str),
+            message
+                .get("partition")
+                .and_then(Value::as_i64)
+                .and_then(|p| i32::try_from(p).ok()),
+            message
+                .get("topic")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+        );
         let shape = lock(&r.shared.settings).event;
         let delivery = Delivery {
             id: id.clone(),

@@ -78,9 +78,7 @@ impl Message {
     /// What `ordering: key` orders by: the message's key; for a Kafka message without
     /// one, its partition (`topic#partition`), Kafka's own unit of order.
     pub fn ordering_key(&self) -> Option<String> {
-        self.key
-            .clone()
-            .or_else(|| self.partition.map(|p| format!("{}#{p}", self.topic)))
+        ordering_key(self.key.as_deref(), self.partition, &self.topic)
     }
 
     /// `context.message` as the contract words it, for the handler and dead letters.
@@ -102,6 +100,13 @@ impl Message {
             "published_at": self.published_at.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
         })
     }
+}
+
+/// What `ordering: key` orders a message by, from its parts (as [`Message::ordering_key`];
+/// also for a dead letter's stored `context.message` at redrive).
+pub fn ordering_key(key: Option<&str>, partition: Option<i32>, topic: &str) -> Option<String> {
+    key.map(str::to_string)
+        .or_else(|| partition.map(|p| format!("{topic}#{p}")))
 }
 
 /// Acknowledges one message to its broker. Called exactly once per message, after
