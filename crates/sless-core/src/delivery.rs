@@ -311,7 +311,58 @@ pub fn check_url(kind: QueueKind, url: &str) -> Result<(), ValidationError> {
     if host.is_empty() || url.len() > 2048 || url.chars().any(char::is_whitespace) {
         return bad("must name a host, without spaces, in at most 2048 characters".to_string());
     }
+    if kind == QueueKind::Mqtt
+        && let Err(why) = MqttVersion::from_url(url)
+    {
+        return bad(why);
+    }
     Ok(())
+}
+
+/// The MQTT protocol version a source speaks: `?version=5` on its URL, 3.1.1 without.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MqttVersion {
+    /// MQTT 3.1.1 (protocol level 4): no properties, so no headers.
+    #[default]
+    V311,
+    /// MQTT 5: user properties carry headers; the session has an expiry and the
+    /// client a receive maximum.
+    V5,
+}
+
+impl MqttVersion {
+    /// Reads the version from an MQTT URL's query (`version=5`, `version=3.1.1`);
+    /// any other query parameter is refused, naming it.
+    pub fn from_url(url: &str) -> Result<Self, String> {
+        let after_scheme = url.split_once("://").map_or(url, |(_, rest)| rest);
+        let Some((_, query)) = after_scheme
+            .split('#')
+            .next()
+            .unwrap_or_default()
+            .split_once('?')
+        else {
+            return Ok(Self::V311);
+        };
+        let mut version = Self::V311;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if key != "version" {
+                return Err(format!(
+                    "unknown query parameter {key:?}: an MQTT URL takes only version=3.1.1 or version=5"
+                ));
+            }
+            version = match value {
+                "5" | "5.0" => Self::V5,
+                "3.1.1" | "4" => Self::V311,
+                _ => {
+                    return Err(format!(
+                        "version={value:?}: an MQTT URL takes version=3.1.1 or version=5"
+                    ));
+                }
+            };
+        }
+        Ok(version)
+    }
 }
 
 /// A queue trigger's `event`: what the handler receives.
@@ -493,6 +544,30 @@ mod tests {
         assert_eq!(p.retry_delay(3, 1.0), Duration::from_millis(200));
         assert_eq!(p.retry_delay(3, 0.0), Duration::from_millis(100));
         assert_eq!(p.retry_delay(20, 1.0), Duration::from_millis(1000));
+    }
+
+    #[test]
+    fn mqtt_urls_pick_their_protocol_version() {
+        for (url, version) in [
+            ("mqtt://h:1883", MqttVersion::V311),
+            ("mqtt://h:1883/?version=5", MqttVersion::V5),
+            ("mqtts://u:p@h?version=5#x", MqttVersion::V5),
+            ("mqtt://h?version=3.1.1", MqttVersion::V311),
+            ("mqtt://h?version=4", MqttVersion::V311),
+        ] {
+            assert_eq!(MqttVersion::from_url(url), Ok(version), "{url}");
+            check_url(QueueKind::Mqtt, url).unwrap();
+        }
+        for (url, needle) in [
+            ("mqtt://h?version=6", "version=\"6\""),
+            ("mqtt://h?qos=2", "unknown query parameter \"qos\""),
+        ] {
+            let e = check_url(QueueKind::Mqtt, url).unwrap_err();
+            assert_eq!(e.field, "source.url");
+            assert!(e.message.contains(needle), "{url}: {}", e.message);
+        }
+        // Other kinds keep their own query strings.
+        check_url(QueueKind::Amqp, "amqp://h/%2f?heartbeat=10").unwrap();
     }
 
     #[test]

@@ -17,8 +17,8 @@ pub mod trigger;
 
 pub use backoff::Backoff;
 pub use delivery::{
-    CallPhase, DeadLetter, DeadLetterSource, DeliveryPolicy, EventShape, Ordering, QueueKind,
-    QueueSource, StartFrom,
+    CallPhase, DeadLetter, DeadLetterSource, DeliveryPolicy, EventShape, MqttVersion, Ordering,
+    QueueKind, QueueSource, StartFrom,
 };
 pub use function::{FunctionSpec, FunctionStatus, InstanceCounts, NetworkMode, Phase};
 pub use job::{JobPhase, JobSpec, JobStatus};

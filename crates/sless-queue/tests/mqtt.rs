@@ -28,6 +28,14 @@ fn config(broker: &Mosquitto, topic: &str, group: &str) -> SourceConfig {
     }
 }
 
+/// As [`config`], spoken in MQTT 5.
+fn config5(broker: &Mosquitto, topic: &str, group: &str) -> SourceConfig {
+    SourceConfig {
+        url: format!("{}?version=5", broker.url()),
+        ..config(broker, topic, group)
+    }
+}
+
 struct Running {
     connector: Arc<dyn Connector>,
     status: Arc<ConnectionStatus>,
@@ -377,4 +385,135 @@ async fn throughput_of_the_connector_alone() {
         N as f64 / secs
     );
     c.stop().await;
+}
+
+fn header<'a>(r: &'a Received, key: &str) -> Option<&'a str> {
+    r.message
+        .headers
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mqtt5_headers_travel_as_user_properties_and_a_message_id_is_kept_across_redelivery() {
+    let broker = Mosquitto::start().expect("mosquitto");
+    let publisher = Running::start(config5(&broker, "unused", "pub5")).await;
+    let mut c = Running::start(config5(&broker, "orders/#", "g5")).await;
+    let headers = [
+        ("message-id".to_string(), "order-42".to_string()),
+        (
+            "x-sless-original-topic".to_string(),
+            "orders.in".to_string(),
+        ),
+    ];
+    publisher
+        .connector
+        .publish("orders/a", Bytes::from_static(b"first"), &headers)
+        .await
+        .expect("published and PUBACKed");
+    publisher
+        .connector
+        .publish("orders/a", Bytes::from_static(b"second"), &[])
+        .await
+        .expect("published and PUBACKed");
+    let first = c.next().await;
+    assert_eq!(text(&first), "first");
+    assert_eq!(first.message.id, "order-42");
+    assert_eq!(header(&first, "x-sless-original-topic"), Some("orders.in"));
+    assert_eq!(first.message.topic, "orders/a");
+    assert!(!first.message.redelivered);
+    let second = c.next().await;
+    assert_eq!(text(&second), "second");
+    assert!(second.message.headers.is_empty());
+    assert_eq!(second.message.id.len(), 32, "a fresh id");
+    second.ack.ack().await.expect("acked");
+    // Not acknowledged: the persistent MQTT 5 session keeps it for the next connection,
+    // which sees the same id, flagged DUP.
+    drop(first);
+    c.stop().await;
+
+    let mut c = Running::start(config5(&broker, "orders/#", "g5")).await;
+    let again = c.next().await;
+    assert_eq!(text(&again), "first");
+    assert_eq!(again.message.id, "order-42");
+    assert!(again.message.redelivered);
+    again.ack.ack().await.expect("acked");
+    publisher
+        .connector
+        .publish("orders/a", Bytes::from_static(b"after"), &[])
+        .await
+        .expect("published");
+    assert_eq!(text(&c.next().await), "after", "nothing else came back");
+    c.stop().await;
+    publisher.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mqtt5_receive_maximum_is_the_prefetch() {
+    let broker = Mosquitto::start().expect("mosquitto");
+    let config = SourceConfig {
+        prefetch: 4,
+        ..config5(&broker, "bounded", "g5")
+    };
+    // The session exists and is offline: mosquitto queues the 12 for it.
+    Running::start(config.clone()).await.stop().await;
+    publish(broker.port(), "bounded", &payloads("m", 12)).await;
+    let mut c = Running::start(config).await;
+    let first = c.take(4).await;
+    assert_eq!(first.iter().map(text).collect::<Vec<_>>(), payloads("m", 4));
+    // Four unacknowledged: the broker sends no fifth until one is acknowledged.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), c.rx.recv())
+            .await
+            .is_err(),
+        "a fifth message past a receive maximum of 4"
+    );
+    let mut got = Vec::new();
+    for r in first {
+        r.ack.ack().await.expect("acked");
+    }
+    for _ in 0..8 {
+        let r = c.next().await;
+        got.push(text(&r));
+        r.ack.ack().await.expect("acked");
+    }
+    assert_eq!(got, payloads("m", 12)[4..]);
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mqtt5_and_mqtt311_clients_share_a_broker() {
+    let broker = Mosquitto::start().expect("mosquitto");
+    let mut old = Running::start(config(&broker, "mixed", "g311")).await;
+    let mut new = Running::start(config5(&broker, "mixed", "g5")).await;
+    // A 3.1.1 publish reaches both; its headers are dropped (3.1.1 has none).
+    old.connector
+        .publish(
+            "mixed",
+            Bytes::from_static(b"from-311"),
+            &[("x-a".into(), "1".into())],
+        )
+        .await
+        .expect("published");
+    let a = new.next().await;
+    assert_eq!(text(&a), "from-311");
+    assert!(a.message.headers.is_empty());
+    assert_eq!(text(&old.next().await), "from-311");
+    // A 5 publish reaches the 3.1.1 reader as the payload alone.
+    new.connector
+        .publish(
+            "mixed",
+            Bytes::from_static(b"from-5"),
+            &[("x-a".into(), "1".into())],
+        )
+        .await
+        .expect("published");
+    let b = old.next().await;
+    assert_eq!(text(&b), "from-5");
+    assert!(b.message.headers.is_empty());
+    let c = new.next().await;
+    assert_eq!(header(&c, "x-a"), Some("1"));
+    old.stop().await;
+    new.stop().await;
 }

@@ -128,7 +128,8 @@ pub struct CreateArgs {
     pub prewarm: Option<u32>,
 
     /// Consume this broker (a queue trigger): amqp://, kafka://host:port[,host:port],
-    /// mqtt://, nats://; credentials in the URL are stored as given (see --queue-secret).
+    /// mqtt:// (MQTT 3.1.1; add ?version=5 for MQTT 5), nats://; credentials in the URL
+    /// are stored as given (see --queue-secret).
     #[arg(long, value_name = "URL", conflicts_with_all = ["http", "cron", "queue_secret"])]
     pub queue: Option<String>,
 

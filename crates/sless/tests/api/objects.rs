@@ -143,6 +143,18 @@ async fn queue_trigger_url_secrets_must_exist_but_brokers_need_not_be_up() {
                "delivery": {"max_attempts": 2, "concurrency": 4}})
     };
     let secret_source = |key: &str| json!({"kind": "amqp", "topic": "orders", "url_secret": {"secret": "rabbit", "key": key}});
+    // An MQTT URL names its protocol version, 3.1.1 or 5, and nothing else.
+    app.expect_error(
+        Req::json(
+            Method::POST,
+            TRIGGERS,
+            &queue(json!({"kind": "mqtt", "url": "mqtt://127.0.0.1:1?version=6", "topic": "t"})),
+        ),
+        400,
+        "invalid",
+        &["source.url", "version=\"6\"", "version=3.1.1 or version=5"],
+    )
+    .await;
     app.expect_error(
         Req::json(Method::POST, TRIGGERS, &queue(secret_source("url"))),
         400,

@@ -1,10 +1,9 @@
 //! Queue triggers on RabbitMQ (AMQP 0-9-1): the scenarios of `queue_scenarios`.
 
-use sless_core::QueueKind;
-
+use crate::queue_harness::Source;
 use crate::queue_scenarios as s;
 
-const KIND: QueueKind = QueueKind::Amqp;
+const KIND: Source = Source::Amqp;
 
 #[tokio::test]
 async fn amqp_payloads_duplicates_and_responses() {

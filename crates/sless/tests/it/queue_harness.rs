@@ -139,9 +139,56 @@ impl TestBroker for Kafka {
     }
 }
 
-/// A broker of `kind` not started yet (for tests that stop or start it themselves).
-pub async fn own_broker(kind: QueueKind) -> Arc<dyn TestBroker> {
-    tokio::task::spawn_blocking(move || -> Arc<dyn TestBroker> {
+/// What the scenarios run against: a broker kind, and for MQTT the protocol version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Amqp,
+    Kafka,
+    /// MQTT 3.1.1.
+    Mqtt,
+    /// MQTT 5 (`?version=5` on the URL), against the same mosquitto.
+    Mqtt5,
+    Nats,
+}
+
+impl Source {
+    pub fn kind(self) -> QueueKind {
+        match self {
+            Source::Amqp => QueueKind::Amqp,
+            Source::Kafka => QueueKind::Kafka,
+            Source::Mqtt | Source::Mqtt5 => QueueKind::Mqtt,
+            Source::Nats => QueueKind::Nats,
+        }
+    }
+
+    /// Whether published headers reach a reader: every protocol but MQTT 3.1.1.
+    pub fn has_headers(self) -> bool {
+        self != Source::Mqtt
+    }
+}
+
+/// A mosquitto spoken to in MQTT 5: the same broker, its URL asking for version 5.
+pub struct Mqtt5(Arc<dyn TestBroker>);
+
+impl TestBroker for Mqtt5 {
+    fn kind(&self) -> QueueKind {
+        QueueKind::Mqtt
+    }
+    fn url(&self) -> String {
+        format!("{}?version=5", self.0.url())
+    }
+    fn restart(&self) {
+        self.0.restart();
+    }
+    fn stop(&self) {
+        self.0.stop();
+    }
+}
+
+/// A broker for `source` not started yet (for tests that stop or start it themselves).
+pub async fn own_broker(source: Source) -> Arc<dyn TestBroker> {
+    let kind = source.kind();
+    let broker = tokio::task::spawn_blocking(move || -> Arc<dyn TestBroker> {
         match kind {
             QueueKind::Amqp => Arc::new(sless_brokers::RabbitMq::prepare().expect("rabbitmq")),
             QueueKind::Nats => Arc::new(sless_brokers::Nats::prepare().expect("nats")),
@@ -165,12 +212,23 @@ pub async fn own_broker(kind: QueueKind) -> Arc<dyn TestBroker> {
         }
     })
     .await
-    .expect("prepare broker")
+    .expect("prepare broker");
+    if source == Source::Mqtt5 {
+        return Arc::new(Mqtt5(broker));
+    }
+    broker
 }
 
 /// The broker of `kind` every test that leaves it running shares (started once per
 /// test binary: RabbitMQ alone takes ~13 s).
-pub async fn shared_broker(kind: QueueKind) -> Arc<dyn TestBroker> {
+pub async fn shared_broker(source: Source) -> Arc<dyn TestBroker> {
+    let kind = source.kind();
+    // MQTT 5 shares the MQTT 3.1.1 broker; only the URL differs.
+    let base = if source == Source::Mqtt5 {
+        Source::Mqtt
+    } else {
+        source
+    };
     static AMQP: OnceCell<Arc<dyn TestBroker>> = OnceCell::const_new();
     static NATS: OnceCell<Arc<dyn TestBroker>> = OnceCell::const_new();
     static MQTT: OnceCell<Arc<dyn TestBroker>> = OnceCell::const_new();
@@ -181,16 +239,21 @@ pub async fn shared_broker(kind: QueueKind) -> Arc<dyn TestBroker> {
         QueueKind::Mqtt => &MQTT,
         QueueKind::Kafka => &KAFKA,
     };
-    cell.get_or_init(|| async move {
-        let broker = own_broker(kind).await;
-        let b = broker.clone();
-        tokio::task::spawn_blocking(move || b.restart())
-            .await
-            .expect("start broker");
-        broker
-    })
-    .await
-    .clone()
+    let broker = cell
+        .get_or_init(|| async move {
+            let broker = own_broker(base).await;
+            let b = broker.clone();
+            tokio::task::spawn_blocking(move || b.restart())
+                .await
+                .expect("start broker");
+            broker
+        })
+        .await
+        .clone();
+    if source == Source::Mqtt5 {
+        return Arc::new(Mqtt5(broker));
+    }
+    broker
 }
 
 /// A unique name for this test's topics and runs.

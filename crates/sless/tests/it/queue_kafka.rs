@@ -2,11 +2,10 @@
 //! consumer groups and commits): the scenarios of `queue_scenarios` that do not stop the
 //! broker, which the mock cannot survive.
 
-use sless_core::QueueKind;
-
+use crate::queue_harness::Source;
 use crate::queue_scenarios as s;
 
-const KIND: QueueKind = QueueKind::Kafka;
+const KIND: Source = Source::Kafka;
 
 #[tokio::test]
 async fn kafka_payloads_duplicates_and_responses() {

@@ -1,10 +1,9 @@
 //! Queue triggers on NATS JetStream: the scenarios of `queue_scenarios`.
 
-use sless_core::QueueKind;
-
+use crate::queue_harness::Source;
 use crate::queue_scenarios as s;
 
-const KIND: QueueKind = QueueKind::Nats;
+const KIND: Source = Source::Nats;
 
 #[tokio::test]
 async fn nats_payloads_duplicates_and_responses() {

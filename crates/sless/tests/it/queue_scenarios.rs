@@ -1,20 +1,20 @@
 //! The queue-trigger scenarios, each written once for every broker kind: the
-//! per-kind files (`queue_amqp.rs`, `queue_nats.rs`, ...) run them against their broker.
+//! per-kind files (`queue_amqp.rs`, `queue_nats.rs`, ...) run them against their broker
+//! (`queue_mqtt.rs` twice: MQTT 3.1.1 and MQTT 5).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sless_core::QueueKind;
 
 use crate::harness::send;
-use crate::queue_harness::{Client, Setup, WAIT, own_broker, shared_broker, unique};
+use crate::queue_harness::{Client, Setup, Source, WAIT, own_broker, shared_broker, unique};
 
 /// JSON, text, binary and empty payloads become the events the contract names, and
 /// the consumer lives on; a payload published three times is delivered three times;
 /// the handler's return value reaches `response_topic`.
-pub async fn payloads_duplicates_and_responses(kind: QueueKind) {
-    let broker = shared_broker(kind).await;
+pub async fn payloads_duplicates_and_responses(source: Source) {
+    let broker = shared_broker(source).await;
     let setup = Setup::new("payloads").await;
     let topic = unique("payloads");
     let responses = unique("responses");
@@ -87,8 +87,8 @@ pub async fn payloads_duplicates_and_responses(kind: QueueKind) {
 
 /// A burst of 100 reaches a function with no instance running, then 1000 more
 /// messages all end as succeeded queue invocations.
-pub async fn bursts_at_zero_instances_and_a_thousand(kind: QueueKind) {
-    let broker = shared_broker(kind).await;
+pub async fn bursts_at_zero_instances_and_a_thousand(source: Source) {
+    let broker = shared_broker(source).await;
     let setup = Setup::new("bursts").await;
     let topic = unique("bursts");
     setup
@@ -128,8 +128,8 @@ pub async fn bursts_at_zero_instances_and_a_thousand(kind: QueueKind) {
 
 /// The server restarted three times while messages flow loses none; messages
 /// published while it is down are delivered once it is back.
-pub async fn server_restarts(kind: QueueKind) {
-    let broker = shared_broker(kind).await;
+pub async fn server_restarts(source: Source) {
+    let broker = shared_broker(source).await;
     let mut setup = Setup::new("restarts").await;
     let topic = unique("restarts");
     setup.trigger("restarts", &*broker, &topic, json!({})).await;
@@ -152,8 +152,8 @@ pub async fn server_restarts(kind: QueueKind) {
 
 /// A trigger created while its broker is down reports `connecting`, connects once the
 /// broker is up and delivers; a broker restart mid-stream loses nothing.
-pub async fn broker_down_then_up_then_restarted(kind: QueueKind) {
-    let broker = own_broker(kind).await;
+pub async fn broker_down_then_up_then_restarted(source: Source) {
+    let broker = own_broker(source).await;
     let setup = Setup::new("brokerdown").await;
     let topic = unique("brokerdown");
     setup
@@ -183,8 +183,8 @@ pub async fn broker_down_then_up_then_restarted(kind: QueueKind) {
 /// A handler answering 400 fails without retry: one attempt, a dead letter (on
 /// `dead_letter_topic` with the x-sless headers), acknowledged, and the messages
 /// behind it are delivered.
-pub async fn refused_messages_become_dead_letters(kind: QueueKind) {
-    let broker = shared_broker(kind).await;
+pub async fn refused_messages_become_dead_letters(source: Source) {
+    let broker = shared_broker(source).await;
     let setup = Setup::new("refused").await;
     let topic = unique("refused");
     let dlq = unique("dlq");
@@ -212,7 +212,7 @@ pub async fn refused_messages_become_dead_letters(kind: QueueKind) {
             .find(|(h, _)| h == k)
             .map(|(_, v)| v.clone())
     };
-    if kind != QueueKind::Mqtt {
+    if source.has_headers() {
         assert_eq!(header("x-sless-original-topic"), Some(topic.clone()));
         assert_eq!(header("x-sless-attempts").as_deref(), Some("1"));
         assert_eq!(header("x-sless-last-status").as_deref(), Some("400"));
@@ -223,8 +223,8 @@ pub async fn refused_messages_become_dead_letters(kind: QueueKind) {
 
 /// A source whose URL is a secret's value connects; disabling stops consuming
 /// (messages wait in the broker); enabling resumes.
-pub async fn disable_and_enable(kind: QueueKind) {
-    let broker = shared_broker(kind).await;
+pub async fn disable_and_enable(source: Source) {
+    let broker = shared_broker(source).await;
     let setup = Setup::new("toggle").await;
     let topic = unique("toggle");
     let (status, body) = send(
@@ -240,7 +240,7 @@ pub async fn disable_and_enable(kind: QueueKind) {
             "toggle",
             &*broker,
             &topic,
-            json!({"source": {"kind": kind.as_str(), "topic": topic, "start_from": "earliest",
+            json!({"source": {"kind": source.kind().as_str(), "topic": topic, "start_from": "earliest",
                               "url_secret": {"secret": "broker", "key": "url"}}}),
         )
         .await;
@@ -308,8 +308,8 @@ pub async fn disable_and_enable(kind: QueueKind) {
 /// A handler that raises is retried `max_attempts` times with growing gaps, then the
 /// message is a dead letter (on `dead_letter_topic` with the error); the messages
 /// behind it do not wait for its retries (`ordering: none`).
-pub async fn raising_handlers_retry_then_dead_letter(kind: QueueKind) {
-    let broker = shared_broker(kind).await;
+pub async fn raising_handlers_retry_then_dead_letter(source: Source) {
+    let broker = shared_broker(source).await;
     let setup = Setup::new("raising").await;
     let topic = unique("raising");
     let dlq = unique("dlq");
@@ -339,7 +339,7 @@ pub async fn raising_handlers_retry_then_dead_letter(kind: QueueKind) {
             .map(|(_, v)| v.clone())
             .unwrap_or_default()
     };
-    if kind != QueueKind::Mqtt {
+    if source.has_headers() {
         assert_eq!(header("x-sless-attempts"), "3");
         assert_eq!(header("x-sless-last-status"), "500");
         assert!(header("x-sless-error").contains("poison 1"), "{dead:?}");
@@ -466,8 +466,8 @@ pub async fn raising_handlers_retry_then_dead_letter(kind: QueueKind) {
 
 /// `ordering: key` keeps the messages of one key in order under `concurrency` > 1;
 /// `concurrency: 1` never runs two at once.
-pub async fn ordering_and_concurrency(kind: QueueKind) {
-    let broker = shared_broker(kind).await;
+pub async fn ordering_and_concurrency(source: Source) {
+    let broker = shared_broker(source).await;
     let setup = Setup::new("ordering").await;
     let publisher = Client::connect(&*broker, &unique("publisher")).await;
 
@@ -487,7 +487,7 @@ pub async fn ordering_and_concurrency(kind: QueueKind) {
     // One topic is one key (on Kafka, messages without a key are ordered per partition);
     // a redelivery may repeat a message, never reorder them.
     let mut orders: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    if kind == QueueKind::Kafka {
+    if source == Source::Kafka {
         for line in log.lines() {
             let Some(rest) = line.split("partition ordered ").nth(1) else {
                 continue;
@@ -591,8 +591,8 @@ async fn wait_records(setup: &Setup, path: &str, count: usize) -> Value {
 
 /// `sless trigger create --queue` makes a queue trigger; `trigger ls` shows its state
 /// and counters, `trigger get` its settings.
-pub async fn from_the_command_line(kind: QueueKind) {
-    let broker = shared_broker(kind).await;
+pub async fn from_the_command_line(source: Source) {
+    let broker = shared_broker(source).await;
     let setup = Setup::new("clifn").await;
     let topic = unique("cli");
     let url = broker.url();
@@ -623,7 +623,7 @@ pub async fn from_the_command_line(kind: QueueKind) {
         stdout.trim(),
         format!(
             "created trigger default/from-cli: {}:{topic} -> clifn",
-            kind.as_str()
+            source.kind().as_str()
         )
     );
     setup.wait_connected("from-cli").await;
