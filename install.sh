@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian machine for sless: installs the system packages it runs
 # functions with (bubblewrap, slirp4netns and iproute2 for their network, Python,
-# Node.js, npm; gcc and make for the Kafka connector's librdkafka), builds the binary and puts
-# it on PATH as /usr/local/bin/sless. Run as root (or with sudo).
+# Node.js, npm; gcc and make for the Kafka connector's librdkafka; mosquitto for devices),
+# builds the binary and puts it on PATH as /usr/local/bin/sless. Run as root (or with sudo).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -20,6 +20,10 @@ command -v zip >/dev/null || need_apt+=(zip)
 command -v gcc >/dev/null || need_apt+=(gcc)
 command -v make >/dev/null || need_apt+=(make)
 command -v perl >/dev/null || need_apt+=(perl)
+# The MQTT broker for devices (`sless serve --mqtt-listen`), with its dynamic-security
+# plugin, and mosquitto_pub/_sub to try it.
+[ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null || need_apt+=(mosquitto)
+command -v mosquitto_pub >/dev/null || need_apt+=(mosquitto-clients)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing ${need_apt[*]}"
   apt-get update -qq

@@ -807,3 +807,71 @@ pub struct DeadLetter {
 pub struct Redriven {
     pub redriven: u64,
 }
+
+// --- Devices and telemetry ---
+
+/// How a device reaches the broker. `password` only in the answers to create and to
+/// `POST .../credentials` (shown that once; sless keeps a hash).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct DeviceMqtt {
+    pub host: String,
+    pub port: u16,
+    /// MQTT over WebSocket (`ws://host:port/mqtt`), when the server listens for it.
+    pub ws_url: Option<String>,
+    /// A suggestion: a device may connect with any client id.
+    pub client_id: String,
+    /// `{ns}_{name}`.
+    pub username: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// `{ns}/telemetry/{name}`: the only topic the device may publish to.
+    pub publish_topic: String,
+    /// `{ns}/commands/{name}`: the only topic it may subscribe to.
+    pub subscribe_topic: String,
+}
+
+/// What sless knows of a device's connection and traffic.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct DeviceStatus {
+    /// Connected to the broker now.
+    pub online: bool,
+    /// When its newest stored message arrived (RFC 3339).
+    pub last_seen_at: Option<String>,
+    /// Messages stored since it was created.
+    pub messages: u64,
+}
+
+/// A device: `GET /v1/namespaces/{ns}/devices/{name}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct Device {
+    pub name: String,
+    pub namespace: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub enabled: bool,
+    pub mqtt: DeviceMqtt,
+    pub status: DeviceStatus,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// One telemetry message: `GET .../devices/{name}/telemetry`, `GET .../telemetry`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct Telemetry {
+    pub device: String,
+    /// RFC 3339.
+    pub received_at: String,
+    /// JSON as sent, other text as a string, binary as `{"base64": ...}`.
+    #[schema(value_type = Object)]
+    pub payload: Value,
+}
+
+/// `202` of `POST .../devices/{name}/commands`: where the command was published.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct CommandSent {
+    pub topic: String,
+}

@@ -25,6 +25,18 @@ pub const RUNTIME_PATTERN: &str = r"^(python3\.?(\.?[0-9]+)*|python\.?(\.[0-9]+|
 /// `_`, `.` and `-`, starting with a letter or `_`, never two dots in a row.
 pub const SECRET_KEY_PATTERN: &str = r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*\.?$";
 
+/// A device's labels, as `sless_core::DeviceSpec::validate` accepts them: at most 64,
+/// keys of 1 to 253 and values of at most 253 characters, without control characters.
+fn device_labels() -> Value {
+    let text = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$";
+    json!({
+        "type": "object",
+        "maxProperties": 64,
+        "propertyNames": {"type": "string", "minLength": 1, "maxLength": 253, "pattern": text},
+        "additionalProperties": {"type": "string", "maxLength": 253, "pattern": text}
+    })
+}
+
 macro_rules! json_schema {
     ($(#[$doc:meta])* $name:ident, $schema:expr) => {
         $(#[$doc])*
@@ -282,6 +294,35 @@ json_schema!(
 );
 
 json_schema!(
+    /// `POST .../devices`: the device's name, and optionally labels and whether it may
+    /// connect.
+    DeviceCreate,
+    json!({
+        "type": "object",
+        "required": ["name"],
+        "additionalProperties": false,
+        "properties": {
+            "name": {"type": "string", "pattern": NAME_PATTERN, "maxLength": 63},
+            "labels": device_labels(),
+            "enabled": {"type": "boolean"}
+        }
+    })
+);
+
+json_schema!(
+    /// `PATCH .../devices/{name}`: a merge patch of labels and enabled.
+    DevicePatch,
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "properties": {
+            "labels": device_labels(),
+            "enabled": {"type": "boolean"}
+        }
+    })
+);
+
+json_schema!(
     /// `PUT /v1/namespaces/{ns}`: optionally the namespace's quotas (admins only);
     /// a field set to `null` goes back to the server's default.
     NamespacePut,
@@ -327,6 +368,8 @@ mod tests {
         crate::Trigger::schema();
         super::SecretPut::schema();
         super::NamespacePut::schema();
+        super::DeviceCreate::schema();
+        super::DevicePatch::schema();
         super::FunctionCreate::schema();
         super::FunctionPatch::schema();
         super::TriggerCreate::schema();

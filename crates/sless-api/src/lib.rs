@@ -7,6 +7,7 @@ mod audit;
 mod auth;
 pub mod calls;
 mod dead_letters;
+mod devices;
 mod error;
 mod etag;
 mod functions;
@@ -98,6 +99,11 @@ pub struct AppState {
     pub dead_letters: Arc<dyn sless_store::DeadLetterStore>,
     /// Sends dead letters back to be delivered again.
     pub redrive: Arc<sless_controller::dead_letters::Redrive>,
+    // --- Devices ---
+    /// The device registry and its broker; `None` without `--mqtt-listen`.
+    pub devices: Option<Arc<sless_controller::devices::Devices>>,
+    /// Where devices and telemetry are read from.
+    pub device_store: Arc<dyn sless_store::DeviceStore>,
 }
 
 /// A response body: one of `sless_api_types`' shapes, as the JSON document it is sent as.
@@ -205,6 +211,33 @@ pub fn routes() -> openapi::Routes {
         .route(
             "/v1/namespaces/{ns}/dead-letters/{id}/redrive",
             post(dead_letters::redrive),
+        )
+        // --- Devices ---
+        .route(
+            "/v1/namespaces/{ns}/devices",
+            get(devices::list).post(devices::create),
+        )
+        .route(
+            "/v1/namespaces/{ns}/devices/{name}",
+            get(devices::get)
+                .patch(devices::patch)
+                .delete(devices::delete),
+        )
+        .route(
+            "/v1/namespaces/{ns}/devices/{name}/credentials",
+            post(devices::rotate),
+        )
+        .route(
+            "/v1/namespaces/{ns}/devices/{name}/commands",
+            post(devices::command),
+        )
+        .route(
+            "/v1/namespaces/{ns}/devices/{name}/telemetry",
+            get(devices::device_telemetry),
+        )
+        .route(
+            "/v1/namespaces/{ns}/telemetry",
+            get(devices::namespace_telemetry),
         )
 }
 

@@ -188,6 +188,7 @@ pub async fn delete(
     caller.check(&ns)?;
     let triggers = s.trigger_store.list_triggers(Some(&ns)).await?;
     let jobs = s.job_store.list_jobs(Some(&ns)).await?;
+    let devices = s.device_store.list_devices(&ns).await?;
     let removed = s.store.delete_namespace(&ns, q.force).await?;
     for t in triggers {
         s.triggers.remove(&ns, &t.name);
@@ -205,6 +206,12 @@ pub async fn delete(
     s.quotas.forget(&ns);
     // Its async calls went with it.
     s.calls.forget(&ns);
+    // Its devices went with it: the broker forgets them (and disconnects them).
+    if let Some(d) = &s.devices {
+        let names: Vec<(String, String)> =
+            devices.into_iter().map(|r| (r.namespace, r.name)).collect();
+        d.namespace_deleted(&names).await;
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -133,6 +133,15 @@ pub async fn serve() -> Response {
         crate::dead_letters::redrive,
         crate::dead_letters::redrive_trigger,
         crate::dead_letters::delete,
+        crate::devices::create,
+        crate::devices::list,
+        crate::devices::get,
+        crate::devices::patch,
+        crate::devices::delete,
+        crate::devices::rotate,
+        crate::devices::command,
+        crate::devices::device_telemetry,
+        crate::devices::namespace_telemetry,
     ),
     components(schemas(ErrorBody, sless_api_types::ErrorDetail)),
     modifiers(&Bearer),
@@ -147,6 +156,7 @@ pub async fn serve() -> Response {
         (name = "secrets", description = "Encrypted secrets: names and keys are shown, values never"),
         (name = "calls", description = "Async calls: queued with /async/... or /invoke?async=true, their results"),
         (name = "dead-letters", description = "Messages and calls that exhausted their delivery policy"),
+        (name = "devices", description = "Devices on sless's MQTT broker, their credentials, telemetry and commands"),
         (name = "audit", description = "The audit log of control-plane changes (admins only)"),
     )
 )]
@@ -404,6 +414,37 @@ pub struct DeadLetterParams {
     /// Only this function's.
     #[param(pattern = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$")]
     function: Option<String>,
+    /// At most this many, newest first (1 to 1000; default 100).
+    #[param(pattern = "^(|[1-9][0-9]{0,2}|1000)$")]
+    limit: Option<String>,
+}
+
+/// `GET .../devices/{name}/telemetry` filters; an empty value filters nothing.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub struct TelemetryParams {
+    /// Received at or after this RFC 3339 time.
+    since: Option<String>,
+    /// Received before this RFC 3339 time.
+    until: Option<String>,
+    /// At most this many, newest first (1 to 1000; default 100).
+    #[param(pattern = "^(|[1-9][0-9]{0,2}|1000)$")]
+    limit: Option<String>,
+}
+
+/// `GET .../telemetry` filters; an empty value filters nothing.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub struct NamespaceTelemetryParams {
+    /// Only this device's.
+    #[param(pattern = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$")]
+    device: Option<String>,
+    /// Received at or after this RFC 3339 time.
+    since: Option<String>,
+    /// Received before this RFC 3339 time.
+    until: Option<String>,
     /// At most this many, newest first (1 to 1000; default 100).
     #[param(pattern = "^(|[1-9][0-9]{0,2}|1000)$")]
     limit: Option<String>,

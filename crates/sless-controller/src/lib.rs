@@ -19,6 +19,7 @@
 
 pub mod calls;
 pub mod dead_letters;
+pub mod devices;
 pub mod gc;
 pub mod jobs;
 mod policy;

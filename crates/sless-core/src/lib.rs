@@ -5,6 +5,7 @@
 
 pub mod backoff;
 pub mod delivery;
+pub mod device;
 pub mod function;
 pub mod invocation;
 pub mod job;
@@ -20,6 +21,7 @@ pub use delivery::{
     CallPhase, DeadLetter, DeadLetterSource, DeliveryPolicy, EventShape, MqttVersion, Ordering,
     QueueKind, QueueSource, StartFrom,
 };
+pub use device::DeviceSpec;
 pub use function::{FunctionSpec, FunctionStatus, InstanceCounts, NetworkMode, Phase};
 pub use job::{JobPhase, JobSpec, JobStatus};
 pub use name::validate_name;

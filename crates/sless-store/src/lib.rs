@@ -12,6 +12,7 @@ mod audit;
 mod calls;
 mod cas;
 mod dead_letters;
+mod devices;
 mod invocations;
 mod jobs;
 mod quotas;
@@ -31,6 +32,10 @@ pub use calls::{
 };
 pub use dead_letters::{
     DEFAULT_DEAD_LETTER_LIMIT, DeadLetterFilter, DeadLetterStore, MAX_DEAD_LETTER_LIMIT,
+};
+pub use devices::{
+    DEFAULT_TELEMETRY_LIMIT, DeviceRecord, DeviceStore, MAX_TELEMETRY_LIMIT, NewTelemetry,
+    TelemetryFilter, TelemetryRecord,
 };
 pub use invocations::{
     DEFAULT_INVOCATION_LIMIT, InvocationFilter, InvocationStore, MAX_INVOCATION_LIMIT,

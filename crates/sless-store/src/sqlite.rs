@@ -174,7 +174,12 @@ impl Store for SqliteStore {
             .iter()
             .map(function_from_row)
             .collect::<Result<Vec<_>>>()?;
-        if !functions.is_empty() && !force {
+        // Devices count as content too: their credentials cannot be made again.
+        let devices: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM devices WHERE namespace = ?")
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await?;
+        if (!functions.is_empty() || devices > 0) && !force {
             return Err(StoreError::NotEmpty(name.to_string()));
         }
         sqlx::query("DELETE FROM functions WHERE namespace = ?")
@@ -187,6 +192,8 @@ impl Store for SqliteStore {
             "DELETE FROM secrets WHERE namespace = ?",
             "DELETE FROM async_calls WHERE namespace = ?",
             "DELETE FROM dead_letters WHERE namespace = ?",
+            "DELETE FROM telemetry WHERE namespace = ?",
+            "DELETE FROM devices WHERE namespace = ?",
         ] {
             sqlx::query(table).bind(name).execute(&mut *tx).await?;
         }

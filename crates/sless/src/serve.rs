@@ -168,6 +168,41 @@ pub struct ServeArgs {
     )]
     pub allow_host_network: bool,
 
+    // Devices: sless's own MQTT broker (see the README's "Devices").
+    /// Run an MQTT broker for devices on this address (MQTT 3.1.1 and 5 over TCP):
+    /// Debian's mosquitto 2.0 with its dynamic-security plugin, supervised by sless,
+    /// whose accounts and topic ACL sless keeps. Without it there are no devices.
+    #[arg(long, env = "SLESS_MQTT_LISTEN", value_name = "HOST:PORT")]
+    pub mqtt_listen: Option<std::net::SocketAddr>,
+    /// Also serve MQTT over WebSocket (path `/mqtt`) on this address.
+    #[arg(
+        long,
+        env = "SLESS_MQTT_WS_LISTEN",
+        value_name = "HOST:PORT",
+        requires = "mqtt_listen"
+    )]
+    pub mqtt_ws_listen: Option<std::net::SocketAddr>,
+    /// The host name devices are told to connect to [default: the --mqtt-listen
+    /// address, or this machine's loopback address when it listens on all of them].
+    #[arg(long, env = "SLESS_MQTT_PUBLIC_HOST", requires = "mqtt_listen")]
+    pub mqtt_public_host: Option<String>,
+    /// The mosquitto executable [default: `mosquitto` on PATH, else /usr/sbin/mosquitto].
+    #[arg(long, env = "SLESS_MOSQUITTO")]
+    pub mosquitto: Option<PathBuf>,
+    /// The largest MQTT message a device may send, in KiB.
+    #[arg(long, env = "SLESS_MQTT_MAX_MESSAGE_KB", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=262_144))]
+    pub mqtt_max_message_kb: u32,
+    /// Telemetry older than this many hours is deleted (0 keeps it regardless of age).
+    #[arg(long, env = "SLESS_TELEMETRY_RETENTION_HOURS", default_value_t = 168)]
+    pub telemetry_retention_hours: u64,
+    /// Each device keeps at most this many telemetry messages, the newest (0: no bound).
+    #[arg(
+        long,
+        env = "SLESS_TELEMETRY_RETENTION_COUNT",
+        default_value_t = 100_000
+    )]
+    pub telemetry_retention_count: u64,
+
     // JWT sign-in (see the README's "Signing in with a JWT").
     /// A file holding the HS256 shared secret JWTs may be signed with (at least 32
     /// bytes; a trailing newline is not part of it).
@@ -346,6 +381,8 @@ pub struct Server {
     triggers: Arc<Triggers>,
     retention: tokio::task::JoinHandle<()>,
     collecting: tokio::task::JoinHandle<()>,
+    /// The devices' broker, stopped (and its state saved) before the process exits.
+    devices: Option<Arc<sless_controller::devices::Devices>>,
     /// Stops the background work of a server dropped without [`Server::run`] (tests
     /// that only use [`Server::app`]).
     _stop: StopOnDrop,
@@ -355,7 +392,7 @@ pub struct Server {
 /// when dropped.
 struct StopOnDrop {
     shutdown: CancellationToken,
-    tasks: [tokio::task::AbortHandle; 4],
+    tasks: [tokio::task::AbortHandle; 5],
 }
 
 impl Drop for StopOnDrop {
@@ -442,6 +479,13 @@ impl Server {
         {
             tracing::warn!("invocation records were still being written at shutdown");
         }
+        if let Some(devices) = &self.devices
+            && tokio::time::timeout(Duration::from_secs(10), devices.broker().stopped())
+                .await
+                .is_err()
+        {
+            tracing::warn!("the MQTT broker did not stop in time");
+        }
         self.executor.shutdown(Duration::from_secs(5)).await;
         tracing::info!("stopped");
         Ok(())
@@ -498,6 +542,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
     let quota_store: Arc<dyn sless_store::QuotaStore> = sqlite.clone();
     let call_store: Arc<dyn sless_store::CallStore> = sqlite.clone();
     let dead_letter_store: Arc<dyn sless_store::DeadLetterStore> = sqlite.clone();
+    let device_store: Arc<dyn sless_store::DeviceStore> = sqlite.clone();
     let store: Arc<dyn Store> = sqlite;
     // The one writer of dead letters, for async calls and queue triggers alike.
     let dead_letters = sless_controller::dead_letters::DeadLetters::new(dead_letter_store.clone());
@@ -740,6 +785,41 @@ async fn build(args: ServeArgs) -> Result<Server> {
         triggers.clone(),
     ));
 
+    // Devices: the broker and the ingest, when the server runs a broker.
+    let devices = match args.mqtt_listen {
+        None => None,
+        Some(listen) => Some(
+            start_devices(
+                &args,
+                listen,
+                &data_dir,
+                device_store.clone(),
+                shutdown.clone(),
+            )
+            .await?,
+        ),
+    };
+    let telemetry_retention = {
+        let device_store = device_store.clone();
+        sless_records::spawn_pruning(
+            "telemetry",
+            Retention {
+                max_age: Duration::from_secs(args.telemetry_retention_hours.saturating_mul(3600)),
+                max_count: args.telemetry_retention_count,
+                ..Retention::default()
+            },
+            move |max_age, max_count| {
+                let device_store = device_store.clone();
+                Box::pin(async move {
+                    device_store
+                        .prune_telemetry(max_age, max_count)
+                        .await
+                        .map_err(sless_records::SinkError::new)
+                })
+            },
+        )
+    };
+
     let api = sless_api::router(AppState {
         store: store.clone(),
         blobs,
@@ -773,7 +853,10 @@ async fn build(args: ServeArgs) -> Result<Server> {
         call_store,
         dead_letters: dead_letter_store,
         redrive,
+        devices: devices.clone(),
+        device_store,
     });
+    let devices_handle = devices;
     let gateway = sless_gateway::Gateway {
         invoker,
         authorizer: tokens,
@@ -823,6 +906,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
                 collecting.abort_handle(),
                 audit_retention.abort_handle(),
                 call_retention.abort_handle(),
+                telemetry_retention.abort_handle(),
             ],
         },
         shutdown,
@@ -831,6 +915,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
         triggers,
         retention,
         collecting,
+        devices: devices_handle,
     })
 }
 
@@ -867,6 +952,75 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
             _ = int.recv() => {}
         }
     })
+}
+
+/// Starts the broker for devices on `listen` and the telemetry ingest; a server told
+/// to run one does not start without it.
+async fn start_devices(
+    args: &ServeArgs,
+    listen: std::net::SocketAddr,
+    data_dir: &Path,
+    store: Arc<dyn sless_store::DeviceStore>,
+    shutdown: CancellationToken,
+) -> Result<Arc<sless_controller::devices::Devices>> {
+    let listen = with_free_port(listen).context("--mqtt-listen")?;
+    let ws_listen = args
+        .mqtt_ws_listen
+        .map(with_free_port)
+        .transpose()
+        .context("--mqtt-ws-listen")?;
+    let host = args.mqtt_public_host.clone().unwrap_or_else(|| {
+        if listen.ip().is_unspecified() {
+            "127.0.0.1".to_string()
+        } else {
+            listen.ip().to_string()
+        }
+    });
+    let ws_url = ws_listen.map(|ws| {
+        let ws_host = if args.mqtt_public_host.is_some() || ws.ip().is_unspecified() {
+            host.clone()
+        } else {
+            ws.ip().to_string()
+        };
+        format!("ws://{ws_host}:{}/mqtt", ws.port())
+    });
+    let config = sless_mqtt::BrokerConfig {
+        listen,
+        ws_listen,
+        dir: data_dir.join("mqtt"),
+        mosquitto: args
+            .mosquitto
+            .clone()
+            .unwrap_or_else(sless_mqtt::default_mosquitto),
+        max_packet_bytes: args
+            .mqtt_max_message_kb
+            .saturating_mul(1024)
+            .saturating_add(1024),
+    };
+    let devices = sless_controller::devices::Devices::start(
+        store,
+        config,
+        sless_controller::devices::Advertised {
+            host,
+            port: listen.port(),
+            ws_url,
+        },
+        shutdown,
+    )
+    .await
+    .with_context(|| format!("cannot run the MQTT broker on --mqtt-listen {listen}"))?;
+    tracing::info!(%listen, ws = ?ws_listen, "devices: MQTT broker and telemetry ingest running");
+    Ok(devices)
+}
+
+/// `addr`, or with port 0 the address with a port free now (mosquitto takes no port 0).
+fn with_free_port(addr: std::net::SocketAddr) -> Result<std::net::SocketAddr> {
+    if addr.port() != 0 {
+        return Ok(addr);
+    }
+    let probe = std::net::TcpListener::bind(addr)
+        .with_context(|| format!("cannot find a free port on {}", addr.ip()))?;
+    Ok(probe.local_addr()?)
 }
 
 fn create_private_dir(dir: &Path) -> Result<()> {

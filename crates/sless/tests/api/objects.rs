@@ -383,3 +383,26 @@ async fn job_get_patch_delete_and_code_errors() {
     app.expect_error(Req::delete(&j), 404, "not_found", &["\"j\""])
         .await;
 }
+
+#[tokio::test]
+async fn without_a_broker_every_device_endpoint_says_how_to_get_one() {
+    let app = App::start().await;
+    let devices = "/v1/namespaces/default/devices";
+    for req in [
+        Req::get(devices),
+        Req::json(Method::POST, devices, &json!({"name": "t1"})),
+        Req::get(&format!("{devices}/t1")),
+        Req::json(
+            Method::PATCH,
+            &format!("{devices}/t1"),
+            &json!({"enabled": false}),
+        ),
+        Req::delete(&format!("{devices}/t1")),
+        Req::json(Method::POST, &format!("{devices}/t1/commands"), &json!({})),
+        Req::get(&format!("{devices}/t1/telemetry")),
+        Req::get("/v1/namespaces/default/telemetry"),
+    ] {
+        app.expect_error(req, 503, "unavailable", &["--mqtt-listen"])
+            .await;
+    }
+}

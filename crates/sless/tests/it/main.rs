@@ -13,6 +13,7 @@ mod async_calls;
 mod audit;
 mod cli;
 mod dead_letters;
+mod devices;
 mod harness;
 mod hostile_builds;
 mod hostile_deps;

@@ -1,0 +1,431 @@
+//! Devices end to end: `sless serve --mqtt-listen` runs mosquitto with its
+//! dynamic-security plugin; devices are created through the API, connect with real
+//! MQTT clients (rumqttc, and Debian's `mosquitto_pub` where rumqttc cannot take the
+//! broker's answer), and their telemetry is served by the API.
+
+use std::time::{Duration, Instant};
+
+use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, Packet, QoS};
+use serde_json::{Value, json};
+
+use crate::harness::{Server, send};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn server() -> Server {
+    Server::start_with(&["--prewarm", "0", "--mqtt-listen", "127.0.0.1:0"]).await
+}
+
+/// Creates device `name` in `ns`; the answer, with its password.
+async fn create(server: &Server, ns: &str, name: &str) -> Value {
+    let (status, d) = send(
+        server,
+        reqwest::Method::POST,
+        &format!("/v1/namespaces/{ns}/devices"),
+        Some(json!({"name": name, "labels": {"room": "lab"}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{d}");
+    d
+}
+
+struct Creds {
+    port: u16,
+    username: String,
+    password: String,
+}
+
+fn creds(device: &Value) -> Creds {
+    let m = &device["mqtt"];
+    Creds {
+        port: m["port"].as_u64().expect("port") as u16,
+        username: m["username"].as_str().expect("username").to_string(),
+        password: m["password"].as_str().expect("password").to_string(),
+    }
+}
+
+/// An MQTT 3.1.1 session with `username`/`password`; `Err` when refused.
+async fn connect(
+    port: u16,
+    username: &str,
+    password: &str,
+) -> Result<(AsyncClient, EventLoop), String> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let mut o = MqttOptions::new(
+        format!("{username}-{}", N.fetch_add(1, Ordering::SeqCst)),
+        "127.0.0.1",
+        port,
+    );
+    o.set_credentials(username, password);
+    let (client, mut el) = AsyncClient::new(o, 64);
+    match tokio::time::timeout(WAIT, el.poll())
+        .await
+        .expect("an answer")
+    {
+        Ok(Event::Incoming(Packet::ConnAck(_))) => Ok((client, el)),
+        Ok(other) => Err(format!("{other:?}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Polls until `f` picks something out of an incoming packet, or the connection ends.
+async fn until<T>(
+    el: &mut EventLoop,
+    mut f: impl FnMut(&Packet) -> Option<T>,
+) -> Result<T, ConnectionError> {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            if let Event::Incoming(p) = el.poll().await?
+                && let Some(t) = f(&p)
+            {
+                return Ok(t);
+            }
+        }
+    })
+    .await
+    .expect("in time")
+}
+
+async fn publish(c: &AsyncClient, el: &mut EventLoop, topic: &str, payload: Vec<u8>) {
+    c.publish(topic, QoS::AtLeastOnce, false, payload)
+        .await
+        .unwrap();
+    until(el, |p| matches!(p, Packet::PubAck(_)).then_some(()))
+        .await
+        .expect("a PUBACK");
+}
+
+/// `mosquitto_pub` (Debian's mosquitto-clients) publishing once at QoS 1.
+async fn mosquitto_pub(
+    port: u16,
+    username: &str,
+    password: &str,
+    topic: &str,
+    message: &str,
+) -> std::process::Output {
+    tokio::process::Command::new("mosquitto_pub")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-u",
+            username,
+            "-P",
+            password,
+        ])
+        .args(["-q", "1", "-t", topic, "-m", message])
+        .output()
+        .await
+        .expect("mosquitto_pub runs")
+}
+
+/// The device's telemetry (newest first), waiting (bounded) until there are `n`.
+async fn telemetry(server: &Server, ns: &str, name: &str, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, body) = send(
+            server,
+            reqwest::Method::GET,
+            &format!("/v1/namespaces/{ns}/devices/{name}/telemetry?limit=1000"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let items = body["items"].as_array().cloned().unwrap_or_default();
+        if items.len() >= n {
+            return items;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} messages stored: {body}",
+            items.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn device(server: &Server, ns: &str, name: &str) -> Value {
+    let (status, d) = send(
+        server,
+        reqwest::Method::GET,
+        &format!("/v1/namespaces/{ns}/devices/{name}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{d}");
+    d
+}
+
+/// Waits (bounded) until the device's `status.online` is `online`.
+async fn wait_online(server: &Server, ns: &str, name: &str, online: bool) {
+    let deadline = Instant::now() + WAIT;
+    while device(server, ns, name).await["status"]["online"] != online {
+        assert!(
+            Instant::now() < deadline,
+            "{name} never became online = {online}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_devices_telemetry_is_stored_and_served() {
+    let server = server().await;
+    let d = create(&server, "default", "t77").await;
+    assert_eq!(d["mqtt"]["username"], "default_t77");
+    assert_eq!(d["mqtt"]["publish_topic"], "default/telemetry/t77");
+    assert_eq!(d["mqtt"]["subscribe_topic"], "default/commands/t77");
+    assert_eq!(d["labels"]["room"], "lab");
+    assert_eq!(d["status"]["messages"], 0);
+    let c = creds(&d);
+    assert_eq!(c.password.len(), 32);
+    // Shown once: nowhere else.
+    let shown = device(&server, "default", "t77").await;
+    assert!(shown["mqtt"].get("password").is_none(), "{shown}");
+    assert!(!shown.to_string().contains(&c.password));
+    let (_, list) = send(
+        &server,
+        reqwest::Method::GET,
+        "/v1/namespaces/default/devices",
+        None,
+    )
+    .await;
+    assert!(!list.to_string().contains(&c.password), "{list}");
+    // Nothing yet is an empty list, never an error.
+    let (status, empty) = send(
+        &server,
+        reqwest::Method::GET,
+        "/v1/namespaces/default/telemetry",
+        None,
+    )
+    .await;
+    assert_eq!((status, empty), (200, json!({"items": []})));
+
+    let (client, mut el) = connect(c.port, &c.username, &c.password)
+        .await
+        .expect("admitted");
+    wait_online(&server, "default", "t77", true).await;
+    let topic = "default/telemetry/t77";
+    publish(&client, &mut el, topic, br#"{"temp": 21.5}"#.to_vec()).await;
+    publish(&client, &mut el, topic, b"not json".to_vec()).await;
+    publish(&client, &mut el, topic, vec![0xff, 0x00, 0xfe]).await;
+    publish(&client, &mut el, topic, Vec::new()).await;
+    let items = telemetry(&server, "default", "t77", 4).await;
+    let payloads: Vec<Value> = items.iter().rev().map(|i| i["payload"].clone()).collect();
+    assert_eq!(
+        payloads,
+        [
+            json!({"temp": 21.5}),
+            json!("not json"),
+            json!({"base64": "/wD+"}),
+            json!("")
+        ]
+    );
+    assert!(items.iter().all(|i| i["device"] == "t77"));
+    let d = device(&server, "default", "t77").await;
+    assert_eq!(d["status"]["messages"], 4, "{d}");
+    assert!(d["status"]["last_seen_at"].is_string(), "{d}");
+    let (_, all) = send(
+        &server,
+        reqwest::Method::GET,
+        "/v1/namespaces/default/telemetry?device=t77&limit=2",
+        None,
+    )
+    .await;
+    assert_eq!(all["items"].as_array().map(Vec::len), Some(2), "{all}");
+
+    drop(client);
+    drop(el);
+    wait_online(&server, "default", "t77", false).await;
+}
+
+#[tokio::test]
+async fn devices_reach_only_their_own_topics_and_credentials_are_enforced() {
+    let server = server().await;
+    let (status, _) = send(&server, reqwest::Method::PUT, "/v1/namespaces/other", None).await;
+    assert_eq!(status, 201);
+    let a = creds(&create(&server, "default", "a").await);
+    let b = creds(&create(&server, "default", "b").await);
+    let x = creds(&create(&server, "other", "x").await);
+
+    // Publishing anywhere but its own topic stores nothing.
+    for topic in [
+        "default/telemetry/b",
+        "other/telemetry/x",
+        "default/commands/a",
+        "elsewhere",
+    ] {
+        let out = mosquitto_pub(a.port, &a.username, &a.password, topic, "denied").await;
+        assert!(out.status.success(), "{out:?}");
+    }
+    let out = mosquitto_pub(
+        a.port,
+        &a.username,
+        &a.password,
+        "default/telemetry/a",
+        "mine",
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        telemetry(&server, "default", "a", 1).await[0]["payload"],
+        "mine"
+    );
+    let out = mosquitto_pub(x.port, &x.username, &x.password, "other/telemetry/x", "x's").await;
+    assert!(out.status.success(), "{out:?}");
+    telemetry(&server, "other", "x", 1).await;
+    for (ns, name) in [("default", "b"), ("other", "x")] {
+        let (_, t) = send(
+            &server,
+            reqwest::Method::GET,
+            &format!("/v1/namespaces/{ns}/devices/{name}/telemetry"),
+            None,
+        )
+        .await;
+        assert!(!t.to_string().contains("denied"), "{ns}/{name}: {t}");
+    }
+
+    // Subscribing to anything but its own commands is refused.
+    let (client, mut el) = connect(a.port, &a.username, &a.password)
+        .await
+        .expect("admitted");
+    for filter in [
+        "#",
+        "default/commands/b",
+        "default/commands/+",
+        "default/telemetry/b",
+        "other/commands/x",
+    ] {
+        client.subscribe(filter, QoS::AtLeastOnce).await.unwrap();
+        let codes = until(&mut el, |p| match p {
+            Packet::SubAck(s) => Some(s.return_codes.clone()),
+            _ => None,
+        })
+        .await
+        .expect("a SUBACK");
+        assert_eq!(codes, [rumqttc::SubscribeReasonCode::Failure], "{filter}");
+    }
+
+    // Wrong and unknown credentials are refused.
+    assert!(connect(a.port, &a.username, &b.password).await.is_err());
+    assert!(
+        connect(a.port, "default_nobody", &a.password)
+            .await
+            .is_err()
+    );
+    assert!(connect(a.port, "sless-ingest", &a.password).await.is_err());
+
+    // Rotation: the connected session is closed, the old password refused, the new admitted.
+    let (status, rotated) = send(
+        &server,
+        reqwest::Method::POST,
+        "/v1/namespaces/default/devices/a/credentials",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{rotated}");
+    let a2 = creds(&rotated);
+    assert_ne!(a2.password, a.password);
+    assert!(
+        until(&mut el, |_| None::<()>).await.is_err(),
+        "disconnected by the rotation"
+    );
+    assert!(connect(a.port, &a.username, &a.password).await.is_err());
+    let (_, mut el) = connect(a.port, &a2.username, &a2.password)
+        .await
+        .expect("the new password");
+
+    // Disabled: disconnected and refused until enabled again.
+    let patch = |enabled: bool| {
+        send(
+            &server,
+            reqwest::Method::PATCH,
+            "/v1/namespaces/default/devices/a",
+            Some(json!({"enabled": enabled})),
+        )
+    };
+    let (status, d) = patch(false).await;
+    assert_eq!((status, d["enabled"].clone()), (200, json!(false)), "{d}");
+    assert!(
+        until(&mut el, |_| None::<()>).await.is_err(),
+        "disconnected when disabled"
+    );
+    assert!(connect(a.port, &a2.username, &a2.password).await.is_err());
+    let (status, _) = patch(true).await;
+    assert_eq!(status, 200);
+    let (_, mut el) = connect(a.port, &a2.username, &a2.password)
+        .await
+        .expect("enabled again");
+
+    // Deleted: disconnected, refused, gone from the API.
+    let (status, _) = send(
+        &server,
+        reqwest::Method::DELETE,
+        "/v1/namespaces/default/devices/a",
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    assert!(
+        until(&mut el, |_| None::<()>).await.is_err(),
+        "disconnected when deleted"
+    );
+    assert!(connect(a.port, &a2.username, &a2.password).await.is_err());
+    let (status, _) = send(
+        &server,
+        reqwest::Method::GET,
+        "/v1/namespaces/default/devices/a",
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    // b was never touched.
+    connect(b.port, &b.username, &b.password)
+        .await
+        .expect("b still admitted");
+}
+
+#[tokio::test]
+async fn commands_reach_the_device_on_its_subscribe_topic() {
+    let server = server().await;
+    let d = creds(&create(&server, "default", "lamp").await);
+    let (client, mut el) = connect(d.port, &d.username, &d.password)
+        .await
+        .expect("admitted");
+    client
+        .subscribe("default/commands/lamp", QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    until(&mut el, |p| matches!(p, Packet::SubAck(_)).then_some(()))
+        .await
+        .expect("subscribed");
+    let (status, sent) = send(
+        &server,
+        reqwest::Method::POST,
+        "/v1/namespaces/default/devices/lamp/commands",
+        Some(json!({"on": true})),
+    )
+    .await;
+    assert_eq!(status, 202, "{sent}");
+    assert_eq!(sent["topic"], "default/commands/lamp");
+    let got = until(&mut el, |p| match p {
+        Packet::Publish(p) => Some(p.payload.clone()),
+        _ => None,
+    })
+    .await
+    .expect("the command");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&got).unwrap(),
+        json!({"on": true})
+    );
+    let (status, _) = send(
+        &server,
+        reqwest::Method::POST,
+        "/v1/namespaces/default/devices/nobody/commands",
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, 404);
+}
