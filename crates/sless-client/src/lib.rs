@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 pub use error::ClientError;
 pub use reqwest::header::HeaderMap;
 pub use sless_api_types::{Call, CallQueued, CallResponse, DeadLetter, Redriven};
+pub use sless_api_types::{CommandSent, Device, DeviceMqtt, DeviceStatus, Telemetry};
 pub use types::Secret;
 pub use types::{
     CodeUploaded, Function, FunctionPhase, FunctionStatus, InstanceCounts, Invocation,
@@ -629,6 +630,108 @@ impl Client {
             .await
     }
 
+    // --- Devices and telemetry ---
+
+    /// `POST /v1/namespaces/{ns}/devices` with `{"name", "labels", "enabled"}`. The answer's
+    /// `mqtt.password` is the only time the device's password is shown.
+    pub async fn create_device(
+        &self,
+        ns: &str,
+        name: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+        enabled: bool,
+    ) -> Result<Device> {
+        let body = json!({ "name": name, "labels": labels, "enabled": enabled });
+        self.post_json(self.url(&["v1", "namespaces", ns, "devices"]), &body)
+            .await
+    }
+
+    /// `GET /v1/namespaces/{ns}/devices` (no passwords).
+    pub async fn list_devices(&self, ns: &str) -> Result<Vec<Device>> {
+        let items: Items<Device> = self
+            .get_json(self.url(&["v1", "namespaces", ns, "devices"]))
+            .await?;
+        Ok(items.items)
+    }
+
+    /// `GET /v1/namespaces/{ns}/devices/{name}` (no password).
+    pub async fn get_device(&self, ns: &str, name: &str) -> Result<Device> {
+        self.get_json(self.url(&["v1", "namespaces", ns, "devices", name]))
+            .await
+    }
+
+    /// `PATCH /v1/namespaces/{ns}/devices/{name}` with a JSON merge patch of `labels` and
+    /// `enabled`; `{"enabled": false}` disconnects the device and the broker refuses it.
+    pub async fn patch_device(&self, ns: &str, name: &str, patch: &Value) -> Result<Device> {
+        self.merge_patch(self.url(&["v1", "namespaces", ns, "devices", name]), patch)
+            .await
+    }
+
+    /// `DELETE /v1/namespaces/{ns}/devices/{name}`, with its telemetry.
+    pub async fn delete_device(&self, ns: &str, name: &str) -> Result<()> {
+        self.delete(self.url(&["v1", "namespaces", ns, "devices", name]))
+            .await
+    }
+
+    /// `POST /v1/namespaces/{ns}/devices/{name}/credentials`: a new password, in the
+    /// answer's `mqtt.password` (shown only this once); the old one stops working at once.
+    pub async fn rotate_device_credentials(&self, ns: &str, name: &str) -> Result<Device> {
+        let url = self.url(&["v1", "namespaces", ns, "devices", name, "credentials"]);
+        let resp = self.send(self.http.post(url.clone()), &url).await?;
+        decode(resp, &url).await
+    }
+
+    /// `GET /v1/namespaces/{ns}/devices/{name}/telemetry?since=&until=&limit=`, newest
+    /// first. `since` (inclusive) and `until` (exclusive) are RFC 3339; `limit` 1 to 1000.
+    pub async fn device_telemetry(
+        &self,
+        ns: &str,
+        name: &str,
+        since: Option<&str>,
+        until: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<Vec<Telemetry>> {
+        let url = self.url(&["v1", "namespaces", ns, "devices", name, "telemetry"]);
+        let url = with_query(url, &[("since", since), ("until", until)], limit);
+        let items: Items<Telemetry> = self.get_json(url).await?;
+        Ok(items.items)
+    }
+
+    /// `GET /v1/namespaces/{ns}/telemetry?device=&since=&until=&limit=`: every device's
+    /// telemetry (or one's), newest first; the bounds as in [`Client::device_telemetry`].
+    pub async fn namespace_telemetry(
+        &self,
+        ns: &str,
+        device: Option<&str>,
+        since: Option<&str>,
+        until: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<Vec<Telemetry>> {
+        let url = self.url(&["v1", "namespaces", ns, "telemetry"]);
+        let url = with_query(
+            url,
+            &[("device", device), ("since", since), ("until", until)],
+            limit,
+        );
+        let items: Items<Telemetry> = self.get_json(url).await?;
+        Ok(items.items)
+    }
+
+    /// `POST /v1/namespaces/{ns}/devices/{name}/commands` with `command` as the body:
+    /// published to the device's command topic, which the answer names.
+    pub async fn send_device_command(
+        &self,
+        ns: &str,
+        name: &str,
+        command: &Value,
+    ) -> Result<CommandSent> {
+        self.post_json(
+            self.url(&["v1", "namespaces", ns, "devices", name, "commands"]),
+            command,
+        )
+        .await
+    }
+
     /// Sends `method path` (relative to the base URL, e.g. `/v1/namespaces/x/triggers`) with an
     /// optional JSON body and returns the decoded answer, `Value::Null` for an empty one.
     /// For endpoints without a typed method.
@@ -750,6 +853,26 @@ async fn decode_or_null(resp: Response, url: &Url) -> Result<Value> {
         url: url.to_string(),
         source,
     })
+}
+
+/// `url` with the query pairs that are set (and `limit`), in the order given; no `?` when
+/// none is.
+fn with_query(mut url: Url, pairs: &[(&str, Option<&str>)], limit: Option<u32>) -> Url {
+    {
+        let mut q = url.query_pairs_mut();
+        for (key, value) in pairs {
+            if let Some(value) = value {
+                q.append_pair(key, value);
+            }
+        }
+        if let Some(limit) = limit {
+            q.append_pair("limit", &limit.to_string());
+        }
+    }
+    if url.query() == Some("") {
+        url.set_query(None);
+    }
+    url
 }
 
 /// Wraps a transport error; the URL is ours to print, so reqwest's copy is dropped.

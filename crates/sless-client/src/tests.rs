@@ -391,6 +391,127 @@ async fn list_invocations(Query(q): Query<HashMap<String, String>>) -> axum::Jso
     }, {"id": "01J1", "function": "hello", "status": 500}]}))
 }
 
+fn device_json(ns: &str, name: &str, enabled: bool, password: Option<&str>) -> Value {
+    let mut mqtt = json!({
+        "host": "127.0.0.1", "port": 1883, "ws_url": null, "client_id": format!("{ns}-{name}"),
+        "username": format!("{ns}_{name}"), "publish_topic": format!("{ns}/telemetry/{name}"),
+        "subscribe_topic": format!("{ns}/commands/{name}")
+    });
+    if let Some(password) = password {
+        mqtt["password"] = json!(password);
+    }
+    json!({
+        "name": name, "namespace": ns, "labels": {"room": "kitchen"}, "enabled": enabled,
+        "mqtt": mqtt, "status": {"online": false, "last_seen_at": null, "messages": 0},
+        "created_at": "2025-01-01T00:00:00Z", "updated_at": "2025-01-01T00:00:00Z"
+    })
+}
+
+fn mqtt_disabled() -> AxResponse {
+    api_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "devices need the MQTT broker: start the server with --mqtt-listen",
+    )
+}
+
+async fn create_device(Path(ns): Path<String>, axum::Json(body): axum::Json<Value>) -> AxResponse {
+    if body["name"] == "taken" {
+        return api_error(
+            StatusCode::CONFLICT,
+            "already_exists",
+            "device default/taken already exists",
+        );
+    }
+    let name = body["name"].as_str().unwrap_or("");
+    let mut d = device_json(
+        &ns,
+        name,
+        body["enabled"].as_bool().unwrap_or(true),
+        Some("pw-1"),
+    );
+    // The labels the client sent come back, so tests can check them.
+    d["labels"] = body["labels"].clone();
+    (StatusCode::CREATED, axum::Json(d)).into_response()
+}
+
+async fn list_devices(Path(ns): Path<String>) -> AxResponse {
+    if ns == "nomqtt" {
+        return mqtt_disabled();
+    }
+    axum::Json(json!({"items": [device_json(&ns, "t77", true, None)]})).into_response()
+}
+
+async fn get_device(Path((ns, name)): Path<(String, String)>) -> AxResponse {
+    if name == "missing" {
+        return api_error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "device default/missing not found",
+        );
+    }
+    axum::Json(device_json(&ns, &name, true, None)).into_response()
+}
+
+async fn patch_device(
+    Path((ns, name)): Path<(String, String)>,
+    headers: AxHeaders,
+    body: AxBytes,
+) -> AxResponse {
+    if content_type(&headers) != "application/merge-patch+json" {
+        return api_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "",
+        );
+    }
+    let patch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let enabled = patch["enabled"].as_bool().unwrap_or(true);
+    axum::Json(device_json(&ns, &name, enabled, None)).into_response()
+}
+
+async fn rotate_device(Path((ns, name)): Path<(String, String)>, body: AxBytes) -> AxResponse {
+    if !body.is_empty() {
+        return api_error(StatusCode::BAD_REQUEST, "invalid", "no body expected");
+    }
+    axum::Json(device_json(&ns, &name, true, Some("pw-2"))).into_response()
+}
+
+/// Telemetry whose one item's payload is the query the client sent, sorted.
+fn echo_telemetry(device: &str, q: &HashMap<String, String>) -> axum::Json<Value> {
+    let mut pairs: Vec<_> = q.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.sort();
+    axum::Json(json!({"items": [
+        {"device": device, "received_at": "2025-01-01T00:00:01Z", "payload": pairs.join("&")},
+        {"device": device, "received_at": "2025-01-01T00:00:00Z", "payload": {"temp": 21}},
+    ]}))
+}
+
+async fn device_telemetry(
+    Path((_ns, name)): Path<(String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+) -> axum::Json<Value> {
+    echo_telemetry(&name, &q)
+}
+
+async fn namespace_telemetry(Query(q): Query<HashMap<String, String>>) -> axum::Json<Value> {
+    echo_telemetry("any", &q)
+}
+
+async fn device_command(
+    Path((ns, name)): Path<(String, String)>,
+    axum::Json(body): axum::Json<Value>,
+) -> AxResponse {
+    if body != json!({"led": "on"}) {
+        return api_error(StatusCode::BAD_REQUEST, "invalid", "unexpected command");
+    }
+    (
+        StatusCode::ACCEPTED,
+        axum::Json(json!({"topic": format!("{ns}/commands/{name}")})),
+    )
+        .into_response()
+}
+
 async fn garbage() -> &'static str {
     "this is not json"
 }
@@ -430,6 +551,27 @@ async fn serve() -> String {
         )
         .route("/v1/namespaces/{ns}/jobs/{name}/code", put(upload_job_code))
         .route("/v1/namespaces/{ns}/invocations", get(list_invocations))
+        .route(
+            "/v1/namespaces/{ns}/devices",
+            get(list_devices).post(create_device),
+        )
+        .route(
+            "/v1/namespaces/{ns}/devices/{name}",
+            get(get_device).patch(patch_device).delete(delete_named),
+        )
+        .route(
+            "/v1/namespaces/{ns}/devices/{name}/credentials",
+            post(rotate_device),
+        )
+        .route(
+            "/v1/namespaces/{ns}/devices/{name}/telemetry",
+            get(device_telemetry),
+        )
+        .route(
+            "/v1/namespaces/{ns}/devices/{name}/commands",
+            post(device_command),
+        )
+        .route("/v1/namespaces/{ns}/telemetry", get(namespace_telemetry))
         .route("/v1/tokens", post(create_token))
         .with_state(TestState::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -939,4 +1081,127 @@ async fn lists_invocations_with_filters() {
         filtered[0].error.as_deref(),
         Some("function=hello&limit=10&since=2025-01-01T00:00:00+00:00&source=cron&status=500")
     );
+}
+
+#[tokio::test]
+async fn device_crud() {
+    let c = client(None).await;
+    let labels = std::collections::BTreeMap::from([("room".to_string(), "lab".to_string())]);
+    let created = c
+        .create_device("default", "t77", &labels, false)
+        .await
+        .expect("create");
+    assert_eq!((created.name.as_str(), created.enabled), ("t77", false));
+    assert_eq!(created.labels, labels);
+    assert_eq!(created.mqtt.password.as_deref(), Some("pw-1"));
+    assert_eq!(created.mqtt.publish_topic, "default/telemetry/t77");
+    let err = c
+        .create_device("default", "taken", &Default::default(), true)
+        .await
+        .expect_err("409");
+    assert_eq!(err.code(), Some("already_exists"));
+
+    let listed = c.list_devices("default").await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].mqtt.password, None, "lists carry no password");
+    assert_eq!(listed[0].mqtt.port, 1883);
+
+    assert_eq!(
+        c.get_device("default", "t77").await.expect("get").name,
+        "t77"
+    );
+    assert_eq!(
+        c.get_device("default", "missing")
+            .await
+            .expect_err("404")
+            .status(),
+        Some(404)
+    );
+
+    let disabled = c
+        .patch_device("default", "t77", &json!({"enabled": false}))
+        .await
+        .expect("patch");
+    assert!(!disabled.enabled);
+
+    let rotated = c
+        .rotate_device_credentials("default", "t77")
+        .await
+        .expect("rotate");
+    assert_eq!(rotated.mqtt.password.as_deref(), Some("pw-2"));
+
+    let sent = c
+        .send_device_command("default", "t77", &json!({"led": "on"}))
+        .await
+        .expect("command");
+    assert_eq!(sent.topic, "default/commands/t77");
+
+    c.delete_device("default", "t77").await.expect("delete");
+    assert_eq!(
+        c.delete_device("default", "missing")
+            .await
+            .expect_err("404")
+            .status(),
+        Some(404)
+    );
+}
+
+#[tokio::test]
+async fn devices_without_the_broker_say_so() {
+    let err = client(None)
+        .await
+        .list_devices("nomqtt")
+        .await
+        .expect_err("503");
+    assert_eq!((err.status(), err.code()), (Some(503), Some("unavailable")));
+    assert!(err.to_string().contains("--mqtt-listen"), "{err}");
+}
+
+#[tokio::test]
+async fn telemetry_sends_only_the_bounds_given() {
+    let c = client(None).await;
+    let items = c
+        .device_telemetry("default", "t77", None, None, None)
+        .await
+        .expect("telemetry");
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[0].payload, json!(""), "no query sent");
+    assert_eq!(items[1].payload, json!({"temp": 21}));
+    assert_eq!(items[1].device, "t77");
+
+    let items = c
+        .device_telemetry(
+            "default",
+            "t77",
+            Some("2025-01-01T00:00:00+01:00"),
+            Some("2025-01-02T00:00:00Z"),
+            Some(5),
+        )
+        .await
+        .expect("telemetry");
+    // The '+' of an offset arrives as sent, not as a space.
+    assert_eq!(
+        items[0].payload,
+        json!("limit=5&since=2025-01-01T00:00:00+01:00&until=2025-01-02T00:00:00Z")
+    );
+
+    let items = c
+        .namespace_telemetry(
+            "default",
+            Some("t77"),
+            Some("2025-01-01T00:00:00Z"),
+            None,
+            None,
+        )
+        .await
+        .expect("telemetry");
+    assert_eq!(
+        items[0].payload,
+        json!("device=t77&since=2025-01-01T00:00:00Z")
+    );
+    let items = c
+        .namespace_telemetry("default", None, None, None, Some(1000))
+        .await
+        .expect("telemetry");
+    assert_eq!(items[0].payload, json!("limit=1000"));
 }

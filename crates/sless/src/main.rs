@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use sless::cli::{
-    Ctx, GlobalArgs, admin, calls, deploy, functions, invocations, jobs, secrets, triggers,
+    Ctx, GlobalArgs, admin, calls, deploy, devices, functions, invocations, jobs, secrets, triggers,
 };
 use sless::serve;
 
@@ -72,6 +72,12 @@ enum Command {
     /// List, redrive and delete dead letters (what exhausted its delivery policy).
     #[command(subcommand, name = "dead-letters", alias = "dead-letter")]
     DeadLetters(calls::DeadLettersCommand),
+    /// Create, list, disable and delete devices (MQTT clients with credentials of their own)
+    /// and send them commands; needs `sless serve --mqtt-listen`.
+    #[command(subcommand, alias = "devices")]
+    Device(devices::DeviceCommand),
+    /// Print (or follow) the telemetry devices sent, oldest first.
+    Telemetry(devices::TelemetryArgs),
     /// Create, list and delete namespaces.
     #[command(subcommand)]
     Ns(admin::NsCommand),
@@ -115,6 +121,8 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Invocations(args) => invocations::run(ctx, args).await,
         Command::Calls(command) => calls::calls(ctx, command).await,
         Command::DeadLetters(command) => calls::dead_letters(ctx, command).await,
+        Command::Device(command) => devices::run(ctx, command).await,
+        Command::Telemetry(args) => devices::telemetry(ctx, args).await,
         Command::Ns(command) => admin::ns(ctx, command).await,
         Command::Token(command) => admin::token(ctx, command).await,
         Command::Whoami => admin::whoami(ctx).await,
@@ -245,6 +253,28 @@ mod tests {
                 json: true,
                 ..
             })
+        ));
+    }
+
+    #[test]
+    fn device_and_telemetry_commands_are_wired() {
+        let cli = Cli::try_parse_from(["sless", "device", "disable", "t77", "-n", "team-a"])
+            .expect("parses");
+        assert_eq!(cli.global.namespace, "team-a");
+        assert!(matches!(
+            cli.command,
+            Command::Device(devices::DeviceCommand::Disable { .. })
+        ));
+        let cli = Cli::try_parse_from(["sless", "devices", "ls"]).expect("the plural works too");
+        assert!(matches!(
+            cli.command,
+            Command::Device(devices::DeviceCommand::Ls { json: false })
+        ));
+        let cli = Cli::try_parse_from(["sless", "telemetry", "t77", "--since", "10m", "-f"])
+            .expect("parses");
+        assert!(matches!(
+            cli.command,
+            Command::Telemetry(devices::TelemetryArgs { follow: true, .. })
         ));
     }
 }

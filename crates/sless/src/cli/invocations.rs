@@ -59,7 +59,7 @@ pub enum Since {
 
 impl Since {
     /// The time as the API takes it, RFC 3339 in UTC.
-    fn to_rfc3339(&self, now: DateTime<Utc>) -> String {
+    pub(super) fn to_rfc3339(&self, now: DateTime<Utc>) -> String {
         let at = match self {
             Since::At(at) => *at,
             // Whole seconds read better in a URL; rounding down only widens the window.
@@ -70,8 +70,8 @@ impl Since {
 }
 
 /// Parses `--since`: an RFC 3339 time, or a duration made of `<number><unit>` parts with
-/// units s, m, h, d (`90s`, `10m`, `1h30m`).
-fn parse_since(text: &str) -> Result<Since, String> {
+/// units s, m, h, d (`90s`, `10m`, `1h30m`). `sless telemetry` reads its bounds with it too.
+pub(super) fn parse_since(text: &str) -> Result<Since, String> {
     let text = text.trim();
     if let Ok(at) = DateTime::parse_from_rfc3339(text) {
         return Ok(Since::At(at.with_timezone(&Utc)));

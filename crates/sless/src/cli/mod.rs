@@ -4,6 +4,7 @@ pub mod admin;
 pub mod archive;
 pub mod calls;
 pub mod deploy;
+pub mod devices;
 pub mod functions;
 pub mod invocations;
 pub mod jobs;
