@@ -416,10 +416,20 @@ impl Trigger {
         }
     }
 
-    /// queue: the delivery policy.
+    /// queue and device: the delivery policy.
     pub fn delivery(&self) -> Option<&sless_core::DeliveryPolicy> {
         match &self.spec.kind {
-            TriggerKind::Queue { delivery, .. } => Some(delivery),
+            TriggerKind::Queue { delivery, .. } | TriggerKind::Device { delivery, .. } => {
+                Some(delivery)
+            }
+            _ => None,
+        }
+    }
+
+    /// device: which devices' telemetry it delivers.
+    pub fn devices(&self) -> Option<&str> {
+        match &self.spec.kind {
+            TriggerKind::Device { devices, .. } => Some(devices),
             _ => None,
         }
     }

@@ -96,7 +96,7 @@ fn job_spec_properties() -> Value {
 fn trigger_spec_properties() -> Value {
     json!({
         "function": {"type": "string", "pattern": NAME_PATTERN, "description": "the function it calls (it must exist)"},
-        "type": {"type": "string", "enum": ["http", "cron", "queue"]},
+        "type": {"type": "string", "enum": ["http", "cron", "queue", "device"]},
         "enabled": {"type": "boolean"},
         "path": {"type": "string", "description": "http: the route below /t/{ns}"},
         "methods": {"type": "array", "items": {"type": "string"}, "description": "http"},
@@ -104,7 +104,8 @@ fn trigger_spec_properties() -> Value {
         "timezone": {"type": "string", "description": "cron: an IANA time zone"},
         "event": {"type": null, "description": "cron: the event the handler gets"},
         "prewarm_sec": {"type": "integer", "minimum": 0, "description": "cron"},
-        "source": {"type": "object", "description": "queue: {kind, url, topic}"}
+        "source": {"type": "object", "description": "queue: {kind, url, topic}"},
+        "devices": {"type": "string", "description": "device: \"*\", a device name or a glob of names"}
     })
 }
 

@@ -311,7 +311,7 @@ fn a_newer_server_does_not_break_the_client() {
         json!("Cancelled")
     );
     let t: Trigger = serde_json::from_value(json!({
-        "name": "d", "function": "f", "type": "device", "devices": "*",
+        "name": "d", "function": "f", "type": "webhook", "url": "https://example.com",
         "status": {"last_result": "delivered 3"}
     }))
     .expect("decodes");

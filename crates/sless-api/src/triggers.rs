@@ -42,6 +42,11 @@ async fn check(s: &AppState, ns: &str, spec: &TriggerSpec) -> Result<(), ApiErro
     {
         check_url_secret(s, ns, r).await?;
     }
+    if matches!(spec.kind, TriggerKind::Device { .. }) && s.devices.is_none() {
+        return Err(ApiError::bad(
+            "type: device triggers need the server's MQTT broker: start it with --mqtt-listen",
+        ));
+    }
     Ok(())
 }
 
@@ -167,6 +172,7 @@ fn fields_of(spec: &TriggerSpec) -> Result<TriggerFields, ApiError> {
         response_topic: None,
         dead_letter_topic: None,
         delivery: None,
+        devices: None,
     };
     match &spec.kind {
         TriggerKind::Http { path, methods } => {
@@ -197,6 +203,16 @@ fn fields_of(spec: &TriggerSpec) -> Result<TriggerFields, ApiError> {
             fields.event = Some(serde_json::to_value(event).map_err(anyhow::Error::from)?);
             fields.response_topic = response_topic.clone();
             fields.dead_letter_topic = dead_letter_topic.clone();
+            fields.delivery = Some(*delivery);
+        }
+        TriggerKind::Device {
+            devices,
+            event,
+            delivery,
+        } => {
+            fields.kind = TriggerType::Device;
+            fields.devices = Some(devices.clone());
+            fields.event = Some(serde_json::to_value(event).map_err(anyhow::Error::from)?);
             fields.delivery = Some(*delivery);
         }
         TriggerKind::Unknown => {

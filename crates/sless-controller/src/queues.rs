@@ -93,11 +93,15 @@ struct ConsumerSpec {
     function: String,
     source: QueueSource,
     prefetch: u32,
+    /// A device trigger's `devices` glob; `None` for a queue trigger.
+    devices: Option<String>,
 }
 
 /// All queue triggers of the server.
 pub struct Queues {
     fire: Arc<dyn Fire>,
+    /// The server's own broker, for device triggers (its ingest account's URL).
+    device_broker: Mutex<Option<String>>,
     secrets: Mutex<Option<Arc<SecretResolver>>>,
     dead_letters: Mutex<Arc<dyn DeadLetterSink>>,
     running: Arc<Mutex<HashMap<Key, Running>>>,
@@ -127,6 +131,8 @@ struct Shared {
     function: String,
     kind: QueueKind,
     topic: String,
+    /// A device trigger's `devices` glob; `None` for a queue trigger.
+    devices: Option<String>,
     settings: Mutex<Settings>,
     /// The live connector, for publishing (`None` until it is made).
     connector: Mutex<Option<Arc<dyn Connector>>>,
@@ -202,12 +208,19 @@ impl Queues {
         });
         Self {
             fire,
+            device_broker: Mutex::new(None),
             secrets: Mutex::new(None),
             dead_letters: Mutex::new(Arc::new(LogDeadLetters)),
             running,
             shutdown,
             make_connector,
         }
+    }
+
+    /// Device triggers read from the server's own broker at `url` (consumers started
+    /// from now on).
+    pub fn set_device_broker(&self, url: String) {
+        *lock(&self.device_broker) = Some(url);
     }
 
     /// Resolves `url_secret` through `resolver` (consumers started from now on).
@@ -225,23 +238,55 @@ impl Queues {
     /// trigger), or changed in place (event shape, topics, delivery policy).
     pub fn apply(&self, t: &TriggerRecord) {
         let key = (t.namespace.clone(), t.name.clone());
-        let TriggerKind::Queue {
-            source,
-            event,
-            response_topic,
-            dead_letter_topic,
-            delivery,
-        } = &t.spec.kind
-        else {
-            self.remove(&t.namespace, &t.name);
-            return;
-        };
-        let mut source = source.clone();
+        let (mut source, event, response_topic, dead_letter_topic, delivery, devices) =
+            match &t.spec.kind {
+                TriggerKind::Queue {
+                    source,
+                    event,
+                    response_topic,
+                    dead_letter_topic,
+                    delivery,
+                } => (
+                    source.clone(),
+                    event,
+                    response_topic,
+                    dead_letter_topic,
+                    delivery,
+                    None,
+                ),
+                // A device trigger is an MQTT consumer of the server's own broker: a
+                // persistent session of its own on the namespace's telemetry, so the
+                // broker keeps what the trigger has not settled, as for any queue.
+                TriggerKind::Device {
+                    devices,
+                    event,
+                    delivery,
+                } => (
+                    QueueSource {
+                        kind: QueueKind::Mqtt,
+                        url: lock(&self.device_broker).clone(),
+                        url_secret: None,
+                        topic: sless_core::device::telemetry_topic(&t.namespace, "+"),
+                        group: Some(format!("sless-device-{}-{}", t.namespace, t.name)),
+                        start_from: sless_core::StartFrom::Latest,
+                    },
+                    event,
+                    &None,
+                    &None,
+                    delivery,
+                    Some(devices.clone()),
+                ),
+                _ => {
+                    self.remove(&t.namespace, &t.name);
+                    return;
+                }
+            };
         source.fill_group(&t.namespace, &t.name);
         let spec = ConsumerSpec {
             function: t.spec.function.clone(),
             source,
             prefetch: prefetch(delivery.concurrency),
+            devices,
         };
         let settings = Settings {
             event: *event,
@@ -274,6 +319,7 @@ impl Queues {
             function: spec.function.clone(),
             kind: spec.source.kind,
             topic: spec.source.topic.clone(),
+            devices: spec.devices.clone(),
             settings: Mutex::new(settings),
             connector: Mutex::new(None),
             status: Mutex::new(Arc::new(ConnectionStatus::default())),
@@ -286,7 +332,11 @@ impl Queues {
             Target {
                 namespace: t.namespace.clone(),
                 function: spec.function.clone(),
-                source: InvocationSource::Queue,
+                source: if spec.devices.is_some() {
+                    InvocationSource::Device
+                } else {
+                    InvocationSource::Queue
+                },
                 trigger: Some(t.name.clone()),
             },
             *delivery,
@@ -332,10 +382,30 @@ impl Queues {
         }
     }
 
-    /// Stops a trigger's consumer and forgets it.
+    /// Stops a trigger's consumer and forgets it. A device trigger's session on the
+    /// server's own broker goes too, with what the broker queued for it (a queue
+    /// trigger's session on a user's broker is the user's to keep or end).
     pub fn remove(&self, namespace: &str, name: &str) {
-        if let Some(old) = lock(&self.running).remove(&(namespace.to_string(), name.to_string())) {
-            old.stop();
+        let Some(old) = lock(&self.running).remove(&(namespace.to_string(), name.to_string()))
+        else {
+            return;
+        };
+        let device_session = (old.spec.devices.is_some())
+            .then(|| {
+                old.spec
+                    .source
+                    .url
+                    .clone()
+                    .zip(old.spec.source.group.clone())
+            })
+            .flatten();
+        old.stop();
+        if let Some((url, group)) = device_session {
+            tokio::spawn(async move {
+                if let Err(e) = sless_queue::mqtt::discard_session(&url, &group).await {
+                    tracing::warn!(session = %group, error = %e, "cannot end a deleted device trigger's broker session");
+                }
+            });
         }
     }
 
@@ -467,6 +537,12 @@ struct Consumer {
 
 impl Consumer {
     async fn run(self) {
+        if self.spec.devices.is_some() && self.spec.source.url.is_none() {
+            self.status.failed(
+                "this server runs no MQTT broker for devices: start it with --mqtt-listen".into(),
+            );
+            return;
+        }
         let Some(url) = self.url().await else {
             return;
         };
@@ -503,6 +579,16 @@ impl Consumer {
                     None => break,
                 },
             };
+            // A device trigger reads all of the namespace's telemetry; a device its
+            // glob does not name is acknowledged and left alone.
+            if let Some(glob) = &self.spec.devices {
+                let named = sless_core::device::parse_telemetry_topic(&received.message.topic)
+                    .is_some_and(|(_, d)| sless_core::device::glob_matches(glob, d));
+                if !named {
+                    let _ = received.ack.ack().await;
+                    continue;
+                }
+            }
             let delivery = self.shared.delivery(&received.message);
             self.shared
                 .hold(&delivery.id, received.message.payload.clone());
@@ -576,7 +662,20 @@ impl Shared {
     /// The delivery of a message as received (attempt 1 in `context.message`: the
     /// engine numbers the attempts in the invocation record).
     fn delivery(&self, m: &sless_queue::Message) -> Delivery {
-        let meta = m.meta(self.kind, 1);
+        let mut meta = m.meta(self.kind, 1);
+        if self.devices.is_some()
+            && let Some(obj) = meta.as_object_mut()
+        {
+            // `context.message` of a device trigger: the device, its topic, the id.
+            let device =
+                sless_core::device::parse_telemetry_topic(&m.topic).map(|(_, d)| d.to_string());
+            obj.insert("kind".into(), json!("device"));
+            obj.insert("device".into(), json!(device));
+            obj.insert(
+                "received_at".into(),
+                json!(Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+            );
+        }
         let shape = lock(&self.settings).event;
         Delivery {
             id: m.id.clone(),
@@ -684,7 +783,11 @@ impl DeliveryHooks for Hooks {
                     .write(DeadLetter {
                         id,
                         namespace: s.namespace.clone(),
-                        source: DeadLetterSource::Queue,
+                        source: if s.devices.is_some() {
+                            DeadLetterSource::Device
+                        } else {
+                            DeadLetterSource::Queue
+                        },
                         trigger: Some(s.trigger.clone()),
                         function: s.function.clone(),
                         payload: payload.to_vec(),

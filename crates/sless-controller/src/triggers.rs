@@ -68,6 +68,12 @@ impl Triggers {
         self.queues.set_secrets(resolver);
     }
 
+    /// Device triggers read telemetry from the server's own broker at `url` (its
+    /// ingest account; set before stored triggers are applied).
+    pub fn set_device_broker(&self, url: String) {
+        self.queues.set_device_broker(url);
+    }
+
     /// Queue triggers keep their dead letters in `sink` (set before stored triggers
     /// are applied).
     pub fn set_dead_letters(&self, sink: Arc<dyn DeadLetterSink>) {
@@ -85,7 +91,10 @@ impl Triggers {
         applied.insert(key, t.generation);
         // A trigger whose type changed no longer consumes (a queue trigger stays one,
         // so this only stops one that is gone).
-        if !matches!(t.spec.kind, TriggerKind::Queue { .. }) {
+        if !matches!(
+            t.spec.kind,
+            TriggerKind::Queue { .. } | TriggerKind::Device { .. }
+        ) {
             self.queues.remove(&t.namespace, &t.name);
         }
         match &t.spec.kind {
@@ -125,7 +134,7 @@ impl Triggers {
                     tracing::error!(namespace = %t.namespace, trigger = %t.name, error = %e, "stored schedule is invalid")
                 }
             },
-            TriggerKind::Queue { .. } => self.queues.apply(t),
+            TriggerKind::Queue { .. } | TriggerKind::Device { .. } => self.queues.apply(t),
             TriggerKind::Unknown => {}
         }
     }
@@ -162,7 +171,7 @@ impl Triggers {
 
     /// The trigger's status as it stands now (the scheduler's live view for cron).
     pub fn status(&self, t: &TriggerRecord) -> TriggerStatus {
-        if let TriggerKind::Queue { .. } = t.spec.kind {
+        if let TriggerKind::Queue { .. } | TriggerKind::Device { .. } = t.spec.kind {
             let Some(q) = self.queues.status(&t.namespace, &t.name) else {
                 return t.status.clone();
             };

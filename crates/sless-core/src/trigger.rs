@@ -16,6 +16,7 @@ pub enum TriggerType {
     Http,
     Cron,
     Queue,
+    Device,
 }
 
 impl TriggerType {
@@ -24,6 +25,7 @@ impl TriggerType {
             TriggerType::Http => "http",
             TriggerType::Cron => "cron",
             TriggerType::Queue => "queue",
+            TriggerType::Device => "device",
         }
     }
 }
@@ -87,6 +89,19 @@ pub enum TriggerKind {
         #[serde(default)]
         delivery: DeliveryPolicy,
     },
+    /// Every telemetry message of the namespace's devices whose name matches
+    /// `devices`, delivered under a [`DeliveryPolicy`].
+    Device {
+        /// `*`, a device name, or a glob (`*` any run of characters, `?` one).
+        #[serde(default = "defaults::devices")]
+        devices: String,
+        /// What the handler receives (default: the payload).
+        #[serde(default)]
+        event: EventShape,
+        /// The trigger's own policy (default: the contract's defaults).
+        #[serde(default)]
+        delivery: DeliveryPolicy,
+    },
     /// A type this build does not know: a newer server's answer, or a record a newer
     /// build stored. Requests go through [`TriggerFields`], which refuses it.
     #[serde(other, rename = "unknown")]
@@ -100,6 +115,7 @@ impl TriggerKind {
             TriggerKind::Http { .. } => Some(TriggerType::Http),
             TriggerKind::Cron { .. } => Some(TriggerType::Cron),
             TriggerKind::Queue { .. } => Some(TriggerType::Queue),
+            TriggerKind::Device { .. } => Some(TriggerType::Device),
             TriggerKind::Unknown => None,
         }
     }
@@ -120,6 +136,9 @@ mod defaults {
     }
     pub fn event() -> Value {
         Value::Object(Default::default())
+    }
+    pub fn devices() -> String {
+        "*".to_string()
     }
 }
 
@@ -154,6 +173,8 @@ pub struct TriggerFields {
     pub dead_letter_topic: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery: Option<DeliveryPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<String>,
 }
 
 /// Fields a client may set on a trigger.
@@ -171,6 +192,7 @@ pub const TRIGGER_FIELDS: &[&str] = &[
     "response_topic",
     "dead_letter_topic",
     "delivery",
+    "devices",
 ];
 
 const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
@@ -199,6 +221,7 @@ impl TryFrom<TriggerFields> for TriggerSpec {
                 foreign("event", f.event.is_some())?;
                 foreign("prewarm_sec", f.prewarm_sec.is_some())?;
                 foreign("source", f.source.is_some())?;
+                foreign("devices", f.devices.is_some())?;
                 foreign_queue(&f)?;
                 TriggerKind::Http {
                     path: f.path.clone().ok_or_else(|| {
@@ -211,6 +234,7 @@ impl TryFrom<TriggerFields> for TriggerSpec {
                 foreign("path", f.path.is_some())?;
                 foreign("methods", f.methods.is_some())?;
                 foreign("source", f.source.is_some())?;
+                foreign("devices", f.devices.is_some())?;
                 foreign_queue(&f)?;
                 TriggerKind::Cron {
                     schedule: f.schedule.clone().ok_or_else(|| {
@@ -227,15 +251,8 @@ impl TryFrom<TriggerFields> for TriggerSpec {
                 foreign("schedule", f.schedule.is_some())?;
                 foreign("timezone", f.timezone.is_some())?;
                 foreign("prewarm_sec", f.prewarm_sec.is_some())?;
-                let event = match &f.event {
-                    None => EventShape::default(),
-                    Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
-                        ValidationError::new(
-                            "event",
-                            "must be \"payload\" or \"envelope\" for queue triggers",
-                        )
-                    })?,
-                };
+                foreign("devices", f.devices.is_some())?;
+                let event = event_shape(&f)?;
                 TriggerKind::Queue {
                     source: f.source.clone().ok_or_else(|| {
                         ValidationError::new("source", "required for queue triggers")
@@ -243,6 +260,21 @@ impl TryFrom<TriggerFields> for TriggerSpec {
                     event,
                     response_topic: f.response_topic.clone(),
                     dead_letter_topic: f.dead_letter_topic.clone(),
+                    delivery: f.delivery.unwrap_or_default(),
+                }
+            }
+            TriggerType::Device => {
+                foreign("path", f.path.is_some())?;
+                foreign("methods", f.methods.is_some())?;
+                foreign("schedule", f.schedule.is_some())?;
+                foreign("timezone", f.timezone.is_some())?;
+                foreign("prewarm_sec", f.prewarm_sec.is_some())?;
+                foreign("source", f.source.is_some())?;
+                foreign("response_topic", f.response_topic.is_some())?;
+                foreign("dead_letter_topic", f.dead_letter_topic.is_some())?;
+                TriggerKind::Device {
+                    devices: f.devices.clone().unwrap_or_else(defaults::devices),
+                    event: event_shape(&f)?,
                     delivery: f.delivery.unwrap_or_default(),
                 }
             }
@@ -339,14 +371,46 @@ impl TriggerSpec {
                 }
                 delivery.validate("delivery")?;
             }
+            TriggerKind::Device {
+                devices, delivery, ..
+            } => {
+                if devices.is_empty()
+                    || devices.len() > 63
+                    || !devices.bytes().all(|b| {
+                        b.is_ascii_lowercase() || b.is_ascii_digit() || b"-*?".contains(&b)
+                    })
+                {
+                    return Err(ValidationError::new(
+                        "devices",
+                        "must be \"*\", a device name, or a glob of one (lowercase letters, digits, '-', '*' and '?'; at most 63 characters)",
+                    ));
+                }
+                delivery.validate("delivery")?;
+            }
             TriggerKind::Unknown => {
                 return Err(ValidationError::new(
                     "type",
-                    "must be one of http, cron, queue",
+                    "must be one of http, cron, queue, device",
                 ));
             }
         }
         Ok(())
+    }
+}
+
+/// A queue or device trigger's `event`: `payload` (the default) or `envelope`.
+fn event_shape(f: &TriggerFields) -> Result<EventShape, ValidationError> {
+    match &f.event {
+        None => Ok(EventShape::default()),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
+            ValidationError::new(
+                "event",
+                format!(
+                    "must be \"payload\" or \"envelope\" for {} triggers",
+                    f.kind.as_str()
+                ),
+            )
+        }),
     }
 }
 
@@ -646,8 +710,17 @@ mod tests {
             s
         );
         let newer: TriggerSpec =
-            serde_json::from_value(json!({"function": "f", "type": "device", "devices": "*"}))
+            serde_json::from_value(json!({"function": "f", "type": "webhook", "url": "x"}))
                 .unwrap();
+        let device = spec(json!({"function": "f", "type": "device"})).unwrap();
+        assert_eq!(
+            device.kind,
+            TriggerKind::Device {
+                devices: "*".into(),
+                event: EventShape::Payload,
+                delivery: DeliveryPolicy::default()
+            }
+        );
         let queue = spec(json!({"function": "f", "type": "queue",
             "source": {"kind": "nats", "url": "nats://127.0.0.1:4222", "topic": "orders.>"}}))
         .unwrap();
@@ -735,8 +808,25 @@ mod tests {
                 "delivery: not a field of \"http\" triggers",
             ),
             (
+                json!({"function": "f", "type": "device", "devices": "T*"}),
+                "devices:",
+            ),
+            (
+                json!({"function": "f", "type": "device", "source": {"kind": "mqtt", "url": "mqtt://h", "topic": "t"}}),
+                "source: not a field of \"device\" triggers",
+            ),
+            (
+                json!({"function": "f", "type": "device", "event": "raw"}),
+                "event:",
+            ),
+            (
+                json!({"function": "f", "type": "queue", "devices": "*",
+                       "source": {"kind": "amqp", "url": "amqp://h", "topic": "q"}}),
+                "devices: not a field of \"queue\" triggers",
+            ),
+            (
                 json!({"function": "f", "type": "http", "path": "/", "colour": 1}),
-                "unknown field `colour`, expected one of `function`, `type`, `enabled`, `path`, `methods`, `schedule`, `timezone`, `event`, `prewarm_sec`, `source`, `response_topic`, `dead_letter_topic`, `delivery`",
+                "unknown field `colour`, expected one of `function`, `type`, `enabled`, `path`, `methods`, `schedule`, `timezone`, `event`, `prewarm_sec`, `source`, `response_topic`, `dead_letter_topic`, `delivery`, `devices`",
             ),
             (
                 json!({"function": "f", "type": "ftp"}),

@@ -673,6 +673,37 @@ impl Connector for MqttConnector {
     }
 }
 
+/// Ends the persistent session `client_id` keeps on the broker at `url` (a deleted
+/// trigger's): connects once with a clean session, so the broker discards the old one
+/// and what it queued, and disconnects.
+pub async fn discard_session(url: &str, client_id: &str) -> Result<(), QueueError> {
+    let endpoint = parse_url(url)?;
+    let transport = endpoint.tls.then(Transport::tls_with_default_config);
+    let mut o = MqttOptions::new(client_id, &endpoint.host, endpoint.port);
+    o.set_clean_session(true);
+    if let Some((user, pass)) = endpoint.credentials {
+        o.set_credentials(user, pass);
+    }
+    if let Some(t) = transport {
+        o.set_transport(t);
+    }
+    let (client, mut eventloop) = rumqttc::AsyncClient::new(o, 4);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match eventloop.poll().await {
+                Ok(rumqttc::Event::Incoming(Packet::ConnAck(_))) => {
+                    let _ = client.try_disconnect();
+                }
+                Ok(rumqttc::Event::Outgoing(Outgoing::Disconnect)) => return Ok(()),
+                Ok(_) => {}
+                Err(e) => return Err(QueueError::Broker(e.to_string())),
+            }
+        }
+    })
+    .await
+    .map_err(|_| QueueError::Broker("no answer from the broker in time".into()))?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

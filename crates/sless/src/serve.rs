@@ -799,6 +799,10 @@ async fn build(args: ServeArgs) -> Result<Server> {
             .await?,
         ),
     };
+    // Device triggers consume the server's own broker, as the ingest does.
+    if let Some(d) = &devices {
+        triggers.set_device_broker(d.broker().ingest_url());
+    }
     let telemetry_retention = {
         let device_store = device_store.clone();
         sless_records::spawn_pruning(

@@ -77,7 +77,7 @@ pub enum TriggerCommand {
 // Each kind's flags conflict with the other kinds rather than `requires` their own: clap
 // drops a requirement on an argument that conflicts with one present, as the kinds do.
 #[derive(clap::Args, Debug)]
-#[command(group(clap::ArgGroup::new("trigger_type").required(true).args(["http", "cron", "queue", "queue_secret"])))]
+#[command(group(clap::ArgGroup::new("trigger_type").required(true).args(["http", "cron", "queue", "queue_secret", "devices"])))]
 #[command(after_help = "Examples:
   sless trigger create orders --function shop --http /orders --method GET --method POST
   curl http://127.0.0.1:8080/t/default/orders/42
@@ -89,7 +89,8 @@ pub enum TriggerCommand {
   sless secret set rabbit url=amqp://user:pass@rabbit:5672/%2f
   sless trigger create events --function ingest --queue-secret rabbit/url --topic events
   sless trigger create clicks --function count --queue kafka://127.0.0.1:9092 --topic clicks \\
-      --ordering key --concurrency 8 --start-from earliest")]
+      --ordering key --concurrency 8 --start-from earliest
+  sless trigger create readings --function store --devices 'sensor-*' --ordering key --concurrency 4")]
 pub struct CreateArgs {
     /// Trigger name (a DNS label: lowercase letters, digits, '-').
     pub name: String,
@@ -132,6 +133,12 @@ pub struct CreateArgs {
     /// are stored as given (see --queue-secret).
     #[arg(long, value_name = "URL", conflicts_with_all = ["http", "cron", "queue_secret"])]
     pub queue: Option<String>,
+
+    /// Call the function with every telemetry message of these devices (a device
+    /// trigger): `*`, a device name, or a glob such as `sensor-*`. Needs a server
+    /// running its MQTT broker (`sless serve --mqtt-listen`).
+    #[arg(long, value_name = "GLOB", conflicts_with_all = ["http", "cron", "queue", "queue_secret", "topic", "kind", "group", "start_from", "dead_letter_topic", "response_topic"])]
+    pub devices: Option<String>,
 
     /// Like --queue, with the URL read from a secret's key (SECRET/KEY) when connecting.
     #[arg(long, value_name = "SECRET/KEY", conflicts_with_all = ["http", "cron"])]
@@ -277,6 +284,20 @@ fn create_body(args: &CreateArgs, event: Option<Value>) -> anyhow::Result<Value>
         queue_body(args, event, &mut body)?;
         return Ok(Value::Object(body));
     }
+    if let Some(devices) = &args.devices {
+        if event.is_some() {
+            bail!(
+                "--event is for cron triggers; a device trigger's event is the telemetry message (see --envelope)"
+            );
+        }
+        body.insert("type".into(), Value::from("device"));
+        body.insert("devices".into(), Value::from(devices.as_str()));
+        if args.envelope {
+            body.insert("event".into(), Value::from("envelope"));
+        }
+        delivery_fields(args, &mut body);
+        return Ok(Value::Object(body));
+    }
     match (&args.http, &args.cron) {
         (Some(path), None) => {
             if !path.starts_with('/') {
@@ -388,6 +409,12 @@ fn queue_body(
             body.insert(field.into(), Value::from(t.as_str()));
         }
     }
+    delivery_fields(args, body);
+    Ok(())
+}
+
+/// `delivery` from --concurrency, --max-attempts and --ordering (queue and device triggers).
+fn delivery_fields(args: &CreateArgs, body: &mut Map<String, Value>) {
     let mut delivery = Map::new();
     if let Some(n) = args.concurrency {
         delivery.insert("concurrency".into(), Value::from(n));
@@ -401,7 +428,6 @@ fn queue_body(
     if !delivery.is_empty() {
         body.insert("delivery".into(), Value::Object(delivery));
     }
-    Ok(())
 }
 
 /// The public URL of an HTTP trigger's route.
@@ -426,7 +452,7 @@ fn describe_created(t: &Trigger, base: &str) -> String {
             t.spec.function,
             table::time(t.status.next_fire_at.as_deref())
         ),
-        "queue" => format!("{head}: {} -> {}", target_text(t), t.spec.function),
+        "queue" | "device" => format!("{head}: {} -> {}", target_text(t), t.spec.function),
         other => format!("{head}: {other} -> {}", t.spec.function),
     }
 }
@@ -449,7 +475,7 @@ fn without_password(url: &str) -> String {
 
 /// The STATE cell: a queue trigger's connection (`disabled` when nothing consumes).
 fn state_text(t: &Trigger) -> String {
-    if t.kind() != "queue" {
+    if t.kind() != "queue" && t.kind() != "device" {
         return "-".to_string();
     }
     match t.status.connection {
@@ -500,6 +526,7 @@ fn target_text(t: &Trigger) -> String {
             };
             format!("{}:{}", source.kind.as_str(), source.topic)
         }
+        "device" => format!("devices:{}", t.devices().unwrap_or("*")),
         _ => String::new(),
     }
 }
@@ -517,7 +544,9 @@ fn last_text(t: &Trigger) -> String {
 /// The triggers as a table; the STATE and COUNTERS columns are there when a queue
 /// trigger is.
 fn triggers_table(triggers: &[Trigger]) -> String {
-    let queues = triggers.iter().any(|t| t.kind() == "queue");
+    let queues = triggers
+        .iter()
+        .any(|t| t.kind() == "queue" || t.kind() == "device");
     let rows: Vec<Vec<String>> = triggers
         .iter()
         .map(|t| {
@@ -600,6 +629,9 @@ fn summary(t: &Trigger, base: &str) -> String {
             rows.push(("next fire", table::time(t.status.next_fire_at.as_deref())));
         }
         _ => {
+            if let Some(devices) = t.devices() {
+                rows.push(("devices", devices.to_string()));
+            }
             if let Some(source) = t.source() {
                 rows.push((
                     "source",
@@ -751,6 +783,36 @@ mod tests {
             create_body(&args, None).expect("6 fields are fine")["schedule"],
             "*/2 * * * * *"
         );
+    }
+
+    #[test]
+    fn device_triggers_build_their_body() {
+        let args = create(&[
+            "readings",
+            "-f",
+            "store",
+            "--devices",
+            "sensor-*",
+            "--ordering",
+            "key",
+            "--concurrency",
+            "4",
+            "--envelope",
+        ]);
+        assert_eq!(
+            create_body(&args, None).expect("body"),
+            json!({"name": "readings", "function": "store", "type": "device",
+                   "devices": "sensor-*", "event": "envelope",
+                   "delivery": {"ordering": "key", "concurrency": 4}})
+        );
+        for argv in [
+            &["t", "-f", "x", "--devices", "*", "--topic", "t"][..],
+            &["t", "-f", "x", "--devices", "*", "--queue", "mqtt://h"],
+            &["t", "-f", "x", "--devices", "*", "--cron", "* * * * *"],
+        ] {
+            let argv = [&["create"], argv].concat();
+            assert!(parse(&argv).is_err(), "{argv:?} should not parse");
+        }
     }
 
     #[test]

@@ -405,4 +405,27 @@ async fn without_a_broker_every_device_endpoint_says_how_to_get_one() {
         app.expect_error(req, 503, "unavailable", &["--mqtt-listen"])
             .await;
     }
+    app.function("default", "hello").await;
+    app.expect_error(
+        Req::json(
+            Method::POST,
+            TRIGGERS,
+            &json!({"name": "d", "function": "hello", "type": "device"}),
+        ),
+        400,
+        "invalid",
+        &["type", "--mqtt-listen"],
+    )
+    .await;
+    app.expect_error(
+        Req::json(
+            Method::POST,
+            TRIGGERS,
+            &json!({"name": "d", "function": "hello", "type": "device", "devices": "Caps*"}),
+        ),
+        400,
+        "invalid",
+        &["devices"],
+    )
+    .await;
 }

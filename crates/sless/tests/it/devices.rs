@@ -429,3 +429,143 @@ async fn commands_reach_the_device_on_its_subscribe_topic() {
     .await;
     assert_eq!(status, 404);
 }
+
+/// Logs each event with the device `context.message` names; `{"fail": ...}` raises.
+const TRIGGERED: &str = r#"import json
+
+def handle(event, context):
+    message = getattr(context, "message", None) or {}
+    if isinstance(event, dict) and "fail" in event:
+        print("failing %s" % event["fail"])
+        raise RuntimeError("bad reading %s" % event["fail"])
+    print("reading from %s kind %s: %s" % (message.get("device"), message.get("kind"), json.dumps(event, sort_keys=True)))
+    return {"ok": True}
+"#;
+
+#[tokio::test]
+async fn a_device_trigger_invokes_its_function_per_message_and_dead_letters_failures() {
+    let server = server().await;
+    server
+        .deploy(
+            "on-reading",
+            json!({"runtime": "python3", "network": "none"}),
+            &[("handler.py", TRIGGERED)],
+        )
+        .await;
+    let (status, t) = send(
+        &server,
+        reqwest::Method::POST,
+        "/v1/namespaces/default/triggers",
+        Some(json!({"name": "readings", "function": "on-reading", "type": "device",
+                    "devices": "sensor-*",
+                    "delivery": {"max_attempts": 2, "backoff_initial_ms": 50, "backoff_max_ms": 100}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{t}");
+    assert_eq!(t["type"], "device");
+    assert_eq!(t["devices"], "sensor-*");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, t) = send(
+            &server,
+            reqwest::Method::GET,
+            "/v1/namespaces/default/triggers/readings",
+            None,
+        )
+        .await;
+        if t["status"]["connection"] == "connected" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the trigger never connected: {t}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sensor = creds(&create(&server, "default", "sensor-1").await);
+    let other = creds(&create(&server, "default", "other-1").await);
+    for (c, topic, msg) in [
+        (&other, "default/telemetry/other-1", r#"{"t": 0}"#),
+        (&sensor, "default/telemetry/sensor-1", r#"{"t": 1}"#),
+        (&sensor, "default/telemetry/sensor-1", r#"{"fail": 7}"#),
+        (&sensor, "default/telemetry/sensor-1", r#"{"t": 2}"#),
+    ] {
+        let out = mosquitto_pub(c.port, &c.username, &c.password, topic, msg).await;
+        assert!(out.status.success(), "{out:?}");
+    }
+    let log = server
+        .wait_log(
+            "on-reading",
+            r#"reading from sensor-1 kind device: {"t": 2}"#,
+        )
+        .await;
+    assert!(
+        log.contains(r#"reading from sensor-1 kind device: {"t": 1}"#),
+        "{log}"
+    );
+    assert!(
+        !log.contains("other-1"),
+        "a device the glob does not name: {log}"
+    );
+    // Telemetry is stored whatever the trigger does.
+    telemetry(&server, "default", "other-1", 1).await;
+    telemetry(&server, "default", "sensor-1", 3).await;
+
+    // The raising reading: two attempts, then a dead letter of the device trigger.
+    let deadline = Instant::now() + WAIT;
+    let dead = loop {
+        let (status, dl) = send(
+            &server,
+            reqwest::Method::GET,
+            "/v1/namespaces/default/dead-letters?trigger=readings",
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{dl}");
+        if let Some(d) = dl["items"].as_array().and_then(|i| i.first()) {
+            break d.clone();
+        }
+        assert!(Instant::now() < deadline, "no dead letter: {dl}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(dead["source"], "device", "{dead}");
+    assert_eq!(dead["attempts"], 2, "{dead}");
+    assert_eq!(dead["payload"], json!({"fail": 7}), "{dead}");
+    assert_eq!(dead["message"]["device"], "sensor-1", "{dead}");
+    assert!(
+        dead["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("bad reading 7"),
+        "{dead}"
+    );
+    assert_eq!(
+        server
+            .wait_log("on-reading", "failing 7")
+            .await
+            .matches("failing 7")
+            .count(),
+        2
+    );
+
+    // Every attempt is an invocation record with source "device".
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, inv) = send(
+            &server,
+            reqwest::Method::GET,
+            "/v1/namespaces/default/invocations?function=on-reading&source=device",
+            None,
+        )
+        .await;
+        let n = inv["items"].as_array().map_or(0, Vec::len);
+        if n >= 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} device invocation records: {inv}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
