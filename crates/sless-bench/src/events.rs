@@ -457,3 +457,181 @@ async fn wait_calls_done(server: &Server, function: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// Devices publishing at once in the telemetry figures.
+const DEVICES: usize = 10;
+
+/// `telemetry_msgs_per_s`, `mqtt_broker_msgs_per_s` and `telemetry_vs_broker`:
+/// `plan.messages` QoS 1 messages from [`DEVICES`] devices, from the first publish until
+/// every one is stored and listable (the devices' `status.messages` add up), against the
+/// same broker program (Debian's mosquitto, a plain instance of its own) with a plain
+/// MQTT 5 subscriber acknowledging each message, publishers alike. A run that stores
+/// fewer or more messages than were published fails instead of printing a rate.
+pub async fn telemetry(
+    server: &Server,
+    mqtt_port: u16,
+    plan: &Plan,
+    figures: &mut Figures,
+) -> Result<()> {
+    let n = plan.messages - plan.messages % DEVICES;
+    progress!(
+        "telemetry: {n} messages from {DEVICES} devices per round, {} alternating rounds, sless's ingest vs a plain subscriber",
+        plan.rounds
+    );
+    let mut devices = Vec::new();
+    for i in 0..DEVICES {
+        let name = format!("bench-dev-{i}");
+        let _ = server.client.delete_device(NS, &name).await;
+        let d = server
+            .client
+            .create_device(NS, &name, &Default::default(), true)
+            .await
+            .map_err(crate::error::api(format!("create device {name}")))?;
+        let password = d.mqtt.password.clone().unwrap_or_default();
+        let url = format!(
+            "mqtt://{}:{password}@127.0.0.1:{mqtt_port}",
+            d.mqtt.username
+        );
+        let client = Client::start(
+            QueueKind::Mqtt,
+            &url,
+            &d.mqtt.subscribe_topic,
+            &d.mqtt.client_id,
+        )
+        .await?;
+        devices.push((name, d.mqtt.publish_topic.clone(), client));
+    }
+    let plain = Broker::start(QueueKind::Mqtt)?;
+    let plain_url = plain.url();
+    let mut base_rx = Client::start(
+        QueueKind::Mqtt,
+        &format!("{plain_url}?version=5"),
+        "base/telemetry/+",
+        "bench-base-telemetry",
+    )
+    .await?;
+    let mut base_publishers = Vec::new();
+    for i in 0..DEVICES {
+        base_publishers.push(
+            Client::start(
+                QueueKind::Mqtt,
+                &plain_url,
+                &format!("base/commands/{i}"),
+                &format!("bench-base-pub-{i}"),
+            )
+            .await?,
+        );
+    }
+    let stored = |server: &Server| {
+        let client = server.client.clone();
+        async move {
+            let list = client
+                .list_devices(NS)
+                .await
+                .map_err(crate::error::api("list devices".to_string()))?;
+            Ok::<u64, BenchError>(
+                list.iter()
+                    .filter(|d| d.name.starts_with("bench-dev-"))
+                    .map(|d| d.status.messages)
+                    .sum(),
+            )
+        }
+    };
+    let per_device = n / DEVICES;
+    let mut expected = stored(server).await?;
+    let (mut ingest_rates, mut base_rates) = (Vec::new(), Vec::new());
+    for round in 0..=plan.rounds as usize {
+        // Round 0 warms both paths up and is not measured.
+        let count = if round == 0 { 20 * DEVICES } else { n };
+        let each = if round == 0 { 20 } else { per_device };
+        // The broker alone.
+        let start = Instant::now();
+        let base_topics: Vec<String> = (0..DEVICES)
+            .map(|i| format!("base/telemetry/{i}"))
+            .collect();
+        let publishing = async {
+            let mut all = Vec::new();
+            for (p, topic) in base_publishers.iter().zip(&base_topics) {
+                all.push(publish(&p.connector, topic, each, round));
+            }
+            for r in futures::future::join_all(all).await {
+                r?;
+            }
+            Ok::<(), BenchError>(())
+        };
+        let rx = &mut base_rx.rx;
+        let consume = async {
+            let mut got = 0;
+            while got < count {
+                let received = tokio::time::timeout(WAIT, rx.recv())
+                    .await
+                    .map_err(|_| BenchError::Setup(format!("baseline: {got} of {count} arrived")))?
+                    .ok_or_else(|| BenchError::Setup("baseline consumer stopped".into()))?;
+                received
+                    .ack
+                    .ack()
+                    .await
+                    .map_err(|e| BenchError::Setup(format!("baseline ack: {e}")))?;
+                got += 1;
+            }
+            Ok::<(), BenchError>(())
+        };
+        let (p, c) = tokio::join!(publishing, consume);
+        p?;
+        c?;
+        let base_rate = count as f64 / start.elapsed().as_secs_f64();
+        // Through sless: published by the devices, stored, listable.
+        let start = Instant::now();
+        let mut all = Vec::new();
+        for (_, topic, client) in &devices {
+            all.push(publish(&client.connector, topic, each, round));
+        }
+        for r in futures::future::join_all(all).await {
+            r?;
+        }
+        expected += count as u64;
+        loop {
+            let now = stored(server).await?;
+            if now == expected {
+                break;
+            }
+            if now > expected {
+                return Err(BenchError::Setup(format!(
+                    "telemetry: {now} messages stored, {expected} published (duplicates)"
+                )));
+            }
+            if start.elapsed() > WAIT {
+                return Err(BenchError::Timeout {
+                    what: format!("telemetry: {now} of {expected} messages stored"),
+                    waited: WAIT,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let ingest_rate = count as f64 / start.elapsed().as_secs_f64();
+        if round > 0 {
+            progress!(
+                "  round {round}: stored {ingest_rate:.0} msg/s, broker alone {base_rate:.0} msg/s"
+            );
+            ingest_rates.push(ingest_rate);
+            base_rates.push(base_rate);
+        }
+    }
+    for (name, _, _) in &devices {
+        let _ = server.client.delete_device(NS, name).await;
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let ratios: Vec<f64> = ingest_rates
+        .iter()
+        .zip(&base_rates)
+        .map(|(e, b)| ratio(*e, *b))
+        .collect();
+    figures.set_with_rounds("telemetry_msgs_per_s", mean(&ingest_rates), &ingest_rates);
+    figures.set_with_rounds("mqtt_broker_msgs_per_s", mean(&base_rates), &base_rates);
+    figures.set_with_rounds(
+        "telemetry_vs_broker",
+        ratio(mean(&ingest_rates), mean(&base_rates)),
+        &ratios,
+    );
+    Ok(())
+}

@@ -79,10 +79,11 @@ enum Group {
     QueueMqtt,
     QueueNats,
     Async,
+    Telemetry,
 }
 
 impl Group {
-    const ALL: [Group; 13] = [
+    const ALL: [Group; 14] = [
         Group::Bare,
         Group::PythonShim,
         Group::Rss,
@@ -96,6 +97,7 @@ impl Group {
         Group::QueueMqtt,
         Group::QueueNats,
         Group::Async,
+        Group::Telemetry,
     ];
 
     /// The group that measures `key`.
@@ -125,13 +127,17 @@ impl Group {
             "queue_msgs_per_s_mqtt" | "queue_vs_broker_mqtt" => Group::QueueMqtt,
             "queue_msgs_per_s_nats" | "queue_vs_broker_nats" => Group::QueueNats,
             "async_calls_per_s" | "async_vs_sync" => Group::Async,
+            "telemetry_msgs_per_s" | "mqtt_broker_msgs_per_s" | "telemetry_vs_broker" => {
+                Group::Telemetry
+            }
             _ => return None,
         })
     }
 
     /// Whether the group needs a running `sless serve`.
     fn needs_server(self) -> bool {
-        !matches!(self, Group::Bare | Group::PythonShim)
+        // The telemetry figures start a server of their own, with its MQTT broker.
+        !matches!(self, Group::Bare | Group::PythonShim | Group::Telemetry)
     }
 }
 
@@ -264,6 +270,7 @@ async fn measure_all(
                 python: &opts.python,
                 node: &opts.node,
                 scratch,
+                mqtt_listen: None,
             })
             .await?;
             eprintln!("sless-bench: sless serve listening on {}", server.addr);
@@ -313,6 +320,22 @@ async fn measure_all(
                 events::queue(need(server)?, QueueKind::Nats, &plan, figures).await?
             }
             Group::Async => events::async_calls(need(server)?, &plan, figures).await?,
+            Group::Telemetry => {
+                let dir = scratch.join("telemetry");
+                std::fs::create_dir_all(&dir).map_err(error::io("create a scratch directory"))?;
+                let mqtt = std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|l| l.local_addr())
+                    .map_err(error::io("find a free loopback port"))?;
+                let server = Server::start(&ServerConfig {
+                    binary: sless,
+                    python: &opts.python,
+                    node: &opts.node,
+                    scratch: &dir,
+                    mqtt_listen: Some(mqtt),
+                })
+                .await?;
+                events::telemetry(&server, mqtt.port(), &plan, figures).await?
+            }
         }
     }
     Ok(())

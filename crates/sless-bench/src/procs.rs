@@ -192,6 +192,8 @@ pub struct ServerConfig<'a> {
     pub node: &'a Path,
     /// A directory of the bench's own; the data directory and the log go below it.
     pub scratch: &'a Path,
+    /// Run the devices' MQTT broker on this address (`--mqtt-listen`).
+    pub mqtt_listen: Option<std::net::SocketAddr>,
 }
 
 impl Server {
@@ -222,6 +224,9 @@ impl Server {
             .arg("0")
             .env("SLESS_ADMIN_TOKEN", &token)
             .env("SLESS_LOG", "warn");
+        if let Some(mqtt) = config.mqtt_listen {
+            cmd.arg("--mqtt-listen").arg(mqtt.to_string());
+        }
         let log = config.scratch.join("server.log");
         let mut guard =
             ChildGuard::spawn("sless serve", &mut cmd, &log, false, SERVER_STOP_TIMEOUT)?;

@@ -197,6 +197,16 @@ pub const FIGURES: &[(&str, &str, Option<Target>)] = &[
     ),
     ("async_vs_sync", "", None),
     (
+        "telemetry_msgs_per_s",
+        "msg/s",
+        Some(Target {
+            bound: Bound::AtLeast,
+            reference: Reference::Value(5000.0),
+        }),
+    ),
+    ("mqtt_broker_msgs_per_s", "msg/s", None),
+    ("telemetry_vs_broker", "", None),
+    (
         "server_rss_mb_idle",
         "MiB",
         Some(Target {
