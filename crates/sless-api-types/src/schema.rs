@@ -311,16 +311,21 @@ json_schema!(
 );
 
 json_schema!(
-    /// `PATCH .../devices/{name}`: a merge patch of labels and enabled.
+    /// `PATCH .../devices/{name}`: a merge patch of labels and enabled (`null` resets
+    /// a field: no labels, enabled).
     DevicePatch,
-    json!({
-        "type": "object",
-        "additionalProperties": false,
-        "properties": {
-            "labels": device_labels(),
-            "enabled": {"type": "boolean"}
-        }
-    })
+    {
+        let mut labels = device_labels();
+        labels["type"] = json!(["object", "null"]);
+        json!({
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "labels": labels,
+                "enabled": {"type": ["boolean", "null"]}
+            }
+        })
+    }
 );
 
 json_schema!(

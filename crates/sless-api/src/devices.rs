@@ -241,7 +241,7 @@ pub async fn rotate(
     path = "/v1/namespaces/{ns}/devices/{name}/commands",
     tag = "devices",
     params(crate::openapi::NsNamePath),
-    request_body(content = Object, content_type = "application/json"),
+    request_body(content = serde_json::Value, description = "The command: any JSON value", content_type = "application/json"),
     responses((status = 202, description = "Published (QoS 1) to the device's subscribe_topic", body = sless_api_types::CommandSent), crate::openapi::WriteErrors)
 )]
 pub async fn command(

@@ -425,8 +425,14 @@ pub struct DeadLetterParams {
 #[allow(dead_code)]
 pub struct TelemetryParams {
     /// Received at or after this RFC 3339 time.
+    #[param(
+        pattern = r"^(|[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))$"
+    )]
     since: Option<String>,
     /// Received before this RFC 3339 time.
+    #[param(
+        pattern = r"^(|[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))$"
+    )]
     until: Option<String>,
     /// At most this many, newest first (1 to 1000; default 100).
     #[param(pattern = "^(|[1-9][0-9]{0,2}|1000)$")]
@@ -442,8 +448,14 @@ pub struct NamespaceTelemetryParams {
     #[param(pattern = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$")]
     device: Option<String>,
     /// Received at or after this RFC 3339 time.
+    #[param(
+        pattern = r"^(|[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))$"
+    )]
     since: Option<String>,
     /// Received before this RFC 3339 time.
+    #[param(
+        pattern = r"^(|[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))$"
+    )]
     until: Option<String>,
     /// At most this many, newest first (1 to 1000; default 100).
     #[param(pattern = "^(|[1-9][0-9]{0,2}|1000)$")]
