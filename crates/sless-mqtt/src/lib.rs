@@ -11,6 +11,14 @@
 //! (commands are idempotent, so both is fine). A command that fails against a running
 //! broker restarts it, so it never keeps an account the store no longer has.
 //!
+//! The ingest's persistent session (`sless-ingest`, subscribed to every device's
+//! telemetry) must be in mosquitto's persistence file before any device can publish:
+//! a broker that comes up without it acknowledges telemetry that matches no
+//! subscription and drops it, until the ingest subscribes again. A start that finds
+//! no persistence file (a new data directory, or the file lost) first seeds one
+//! ([`Broker::seed_ingest_session`]), so a crash at any time after, even before the
+//! first autosave, restarts with the subscription in place.
+//!
 //! mosquitto's log (stderr) is read line by line: connections give each device's
 //! `online`, and refusals (a denied publish or subscription, a refused login) are
 //! written to the server's log ([`logwatch`]).
@@ -28,6 +36,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rand::Rng;
+use rumqttc::v5;
+use rumqttc::v5::mqttbytes::v5::{Packet as Packet5, SubscribeReasonCode};
 use serde_json::Value;
 use sless_core::Backoff;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -56,6 +66,8 @@ const RESTART: Backoff = Backoff::new(Duration::from_millis(200), Duration::from
 const STABLE: Duration = Duration::from_secs(60);
 /// How long one start may take until the control client is connected.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
+/// mosquitto's persistence file in its directory (its default name).
+const DB_FILE: &str = "mosquitto.db";
 
 /// How the broker is set up.
 #[derive(Debug, Clone)]
@@ -196,9 +208,14 @@ impl Broker {
         let mut control = self.control.lock().await;
         *control = None;
         let accounts = self.accounts.accounts().await?;
-        self.write_files(&accounts)
-            .map_err(|e| format!("writing its files: {e}"))?;
         stop_leftover(&self.pid_file()).await;
+        if !self.config.dir.join(DB_FILE).exists() {
+            self.seed_ingest_session()
+                .await
+                .map_err(|e| format!("seeding the ingest's session: {e}"))?;
+        }
+        self.write_files(&self.config, &accounts)
+            .map_err(|e| format!("writing its files: {e}"))?;
         let mut child = Command::new(&self.config.mosquitto)
             .arg("-c")
             .arg(self.conf_file())
@@ -235,6 +252,63 @@ impl Broker {
         self.starts.send_modify(|n| *n += 1);
         tracing::info!(listen = %self.config.listen, ws = ?self.config.ws_listen, "mqtt: broker serving");
         Ok(child)
+    }
+
+    /// Writes a persistence file holding the ingest's session, subscribed to every
+    /// device's telemetry: runs mosquitto privately (its one listener on a free
+    /// loopback port, no device accounts, so no device can reach it), connects as the
+    /// ingest does (MQTT 5, client id `sless-ingest`, a session that never expires),
+    /// subscribes, and stops it with SIGTERM, on which it saves. The ingest resumes
+    /// that session when it connects to the real start.
+    async fn seed_ingest_session(&self) -> Result<(), String> {
+        let port = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("no free loopback port: {e}"))?
+            .port();
+        let private = BrokerConfig {
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            ws_listen: None,
+            ..self.config.clone()
+        };
+        self.write_files(&private, &[])
+            .map_err(|e| format!("writing its files: {e}"))?;
+        let mut child = Command::new(&self.config.mosquitto)
+            .arg("-c")
+            .arg(self.conf_file())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("{}: {e}", self.config.mosquitto.display()))?;
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(watch_log(stderr, Arc::default()));
+        }
+        let subscribed = tokio::time::timeout(
+            START_TIMEOUT,
+            subscribe_ingest(port, &self.ingest_password, &mut child),
+        )
+        .await
+        .unwrap_or_else(|_| Err("no subscription in time".into()));
+        if let Some(pid) = child.id() {
+            terminate(pid);
+        }
+        let exited = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+        if exited.is_err() {
+            let _ = child.kill().await;
+        }
+        subscribed?;
+        match exited {
+            Ok(Ok(status)) if status.success() => {}
+            Ok(Ok(status)) => return Err(format!("mosquitto exited with {status}")),
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err("mosquitto did not stop in time".into()),
+        }
+        if !self.config.dir.join(DB_FILE).exists() {
+            return Err(format!("mosquitto wrote no {DB_FILE}"));
+        }
+        tracing::debug!("mqtt: seeded the ingest's session");
+        Ok(())
     }
 
     /// Stops the child gracefully (SIGTERM: it saves its persistence), then for good.
@@ -327,7 +401,12 @@ impl Broker {
         self.config.dir.join("mosquitto.pid")
     }
 
-    fn write_files(&self, accounts: &[DeviceAccount]) -> std::io::Result<()> {
+    /// The account file and the configuration, for `config`'s listeners.
+    fn write_files(
+        &self,
+        config: &BrokerConfig,
+        accounts: &[DeviceAccount],
+    ) -> std::io::Result<()> {
         let dir = &self.config.dir;
         let accounts_file = dir.join("dynamic-security.json");
         let file = dynsec::account_file(
@@ -336,8 +415,60 @@ impl Broker {
             accounts,
         );
         write_private(&accounts_file, file.to_string().as_bytes())?;
-        let conf = mosquitto_conf(&self.config, &self.plugin, &accounts_file, &self.pid_file());
+        let conf = mosquitto_conf(config, &self.plugin, &accounts_file, &self.pid_file());
         write_private(&self.conf_file(), conf.as_bytes())
+    }
+}
+
+/// Connects to the private mosquitto on `port` as the ingest does and subscribes to
+/// the telemetry filter; then disconnects, keeping the session. Retries the
+/// connection until mosquitto listens (the caller bounds it in time).
+async fn subscribe_ingest(port: u16, password: &str, child: &mut Child) -> Result<(), String> {
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!(
+                "mosquitto exited at start ({status}); its reasons are in the server's log"
+            ));
+        }
+        let mut o = v5::MqttOptions::new(INGEST_USER, Ipv4Addr::LOCALHOST.to_string(), port);
+        o.set_clean_start(false)
+            .set_session_expiry_interval(Some(u32::MAX))
+            .set_credentials(INGEST_USER, password)
+            .set_keep_alive(Duration::from_secs(15));
+        let (client, mut el) = v5::AsyncClient::new(o, 8);
+        let mut connected = false;
+        loop {
+            match el.poll().await {
+                Ok(v5::Event::Incoming(Packet5::ConnAck(_))) => {
+                    connected = true;
+                    client
+                        .try_subscribe(
+                            sless_core::device::TELEMETRY_FILTER,
+                            v5::mqttbytes::QoS::AtLeastOnce,
+                        )
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok(v5::Event::Incoming(Packet5::SubAck(ack))) => {
+                    if !ack
+                        .return_codes
+                        .iter()
+                        .all(|c| matches!(c, SubscribeReasonCode::Success(_)))
+                    {
+                        return Err(format!("the subscription was refused: {ack:?}"));
+                    }
+                    client.try_disconnect().map_err(|e| e.to_string())?;
+                }
+                Ok(v5::Event::Outgoing(rumqttc::Outgoing::Disconnect)) => return Ok(()),
+                Ok(_) => {}
+                Err(e) if connected => return Err(e.to_string()),
+                Err(v5::ConnectionError::ConnectionRefused(code)) => {
+                    return Err(format!("the broker refused the ingest: {code:?}"));
+                }
+                // Not listening yet.
+                Err(_) => break,
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -520,6 +651,110 @@ async fn stop_leftover(pid_file: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct OneDevice;
+
+    #[async_trait]
+    impl Accounts for OneDevice {
+        async fn accounts(&self) -> Result<Vec<DeviceAccount>, String> {
+            Ok(vec![DeviceAccount {
+                namespace: "default".into(),
+                name: "t1".into(),
+                password: PasswordHash::new("device-password"),
+                enabled: true,
+            }])
+        }
+    }
+
+    /// Runs `poll` until it gives something (bounded).
+    async fn until<T>(what: &str, mut poll: impl AsyncFnMut() -> Option<T>) -> T {
+        tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                if let Some(t) = poll().await {
+                    return t;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not in time"))
+    }
+
+    /// A broker that crashes before it ever saved (autosave is every second) comes
+    /// back with the ingest's session: a device publishing before the ingest
+    /// reconnected is not acknowledged into the void.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_ingests_session_is_saved_before_any_device_can_publish() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let shutdown = CancellationToken::new();
+        let broker = Broker::start(
+            BrokerConfig {
+                listen: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+                ws_listen: None,
+                dir: dir.path().join("mqtt"),
+                mosquitto: default_mosquitto(),
+                max_packet_bytes: 1 << 20,
+            },
+            Arc::new(OneDevice),
+            shutdown.clone(),
+        )
+        .await
+        .expect("the broker starts");
+        assert!(dir.path().join("mqtt").join(DB_FILE).exists());
+        let mut starts = broker.starts();
+        let first = *starts.borrow_and_update();
+        let pid = broker.pid.lock().expect("pid").expect("running");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill -9");
+        tokio::time::timeout(Duration::from_secs(20), starts.wait_for(|n| *n > first))
+            .await
+            .expect("started again in time")
+            .expect("supervisor running");
+
+        // The device publishes while no ingest is connected.
+        let mut o = rumqttc::MqttOptions::new("t1", "127.0.0.1", port);
+        o.set_credentials("default_t1", "device-password");
+        let (device, mut el) = rumqttc::AsyncClient::new(o, 8);
+        device
+            .publish(
+                "default/telemetry/t1",
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                b"kept".to_vec(),
+            )
+            .await
+            .expect("queued");
+        until("the PUBACK", async || match el.poll().await {
+            Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_))) => Some(()),
+            Ok(_) => None,
+            Err(e) => panic!("device: {e}"),
+        })
+        .await;
+
+        // The ingest resumes its session and gets it.
+        let mut o = v5::MqttOptions::new(INGEST_USER, "127.0.0.1", port);
+        o.set_clean_start(false)
+            .set_session_expiry_interval(Some(u32::MAX))
+            .set_credentials(INGEST_USER, broker.ingest_password.clone());
+        let (_ingest, mut el) = v5::AsyncClient::new(o, 8);
+        let payload = until("the message at the ingest", async || {
+            match el.poll().await {
+                Ok(v5::Event::Incoming(Packet5::Publish(p))) => Some(p.payload),
+                Ok(_) => None,
+                Err(e) => panic!("ingest: {e}"),
+            }
+        })
+        .await;
+        assert_eq!(&payload[..], b"kept");
+        shutdown.cancel();
+        broker.stopped().await;
+    }
 
     #[test]
     fn the_config_denies_anonymous_clients_and_loads_the_plugin() {

@@ -17,7 +17,7 @@ async fn server() -> Server {
 }
 
 /// Creates device `name` in `ns`; the answer, with its password.
-async fn create(server: &Server, ns: &str, name: &str) -> Value {
+pub(crate) async fn create(server: &Server, ns: &str, name: &str) -> Value {
     let (status, d) = send(
         server,
         reqwest::Method::POST,
@@ -29,13 +29,13 @@ async fn create(server: &Server, ns: &str, name: &str) -> Value {
     d
 }
 
-struct Creds {
-    port: u16,
-    username: String,
-    password: String,
+pub(crate) struct Creds {
+    pub(crate) port: u16,
+    pub(crate) username: String,
+    pub(crate) password: String,
 }
 
-fn creds(device: &Value) -> Creds {
+pub(crate) fn creds(device: &Value) -> Creds {
     let m = &device["mqtt"];
     Creds {
         port: m["port"].as_u64().expect("port") as u16,
@@ -146,7 +146,7 @@ async fn telemetry(server: &Server, ns: &str, name: &str, n: usize) -> Vec<Value
     }
 }
 
-async fn device(server: &Server, ns: &str, name: &str) -> Value {
+pub(crate) async fn device(server: &Server, ns: &str, name: &str) -> Value {
     let (status, d) = send(
         server,
         reqwest::Method::GET,

@@ -13,6 +13,7 @@ mod async_calls;
 mod audit;
 mod cli;
 mod dead_letters;
+mod device_scenarios;
 mod devices;
 mod harness;
 mod hostile_builds;
