@@ -569,3 +569,74 @@ async fn a_device_trigger_invokes_its_function_per_message_and_dead_letters_fail
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+async fn sless(server: &Server, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_sless"))
+        .args(args)
+        .env("SLESS_SERVER", server.url())
+        .env("SLESS_TOKEN", crate::harness::TOKEN)
+        .env_remove("SLESS_NAMESPACE")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run sless")
+}
+
+#[tokio::test]
+async fn the_command_line_creates_a_device_reads_its_telemetry_and_cuts_it_off() {
+    let server = server().await;
+    let out = sless(
+        &server,
+        &["device", "create", "cli-dev", "--label", "room=lab"],
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("mosquitto_pub"), "{text}");
+    assert!(
+        text.contains("only"),
+        "says the password is shown once: {text}"
+    );
+    let out = sless(&server, &["device", "rotate", "cli-dev", "--json"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let d: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let c = creds(&d);
+    let out = mosquitto_pub(
+        c.port,
+        &c.username,
+        &c.password,
+        "default/telemetry/cli-dev",
+        r#"{"v": 42}"#,
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    telemetry(&server, "default", "cli-dev", 1).await;
+    let out = sless(&server, &["telemetry", "cli-dev"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let lines = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(lines.trim_end().ends_with(r#"{"v":42}"#), "{lines}");
+    let out = sless(&server, &["device", "ls"]).await;
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        table.contains("cli-dev") && table.contains("room=lab"),
+        "{table}"
+    );
+    let out = sless(&server, &["device", "disable", "cli-dev"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let refused = mosquitto_pub(
+        c.port,
+        &c.username,
+        &c.password,
+        "default/telemetry/cli-dev",
+        "x",
+    )
+    .await;
+    assert!(
+        !refused.status.success(),
+        "a disabled device is refused: {refused:?}"
+    );
+    let out = sless(&server, &["device", "rm", "cli-dev"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let out = sless(&server, &["device", "get", "cli-dev"]).await;
+    assert!(!out.status.success());
+}
