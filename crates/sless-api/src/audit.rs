@@ -152,6 +152,12 @@ fn target(method: &Method, path: &str) -> Option<Target> {
             Some(ns),
             Some(ns),
         ),
+        ["namespaces", ns, "restore"] if verb == "create" => t(
+            "namespace.restore".into(),
+            "namespace".into(),
+            Some(ns),
+            Some(ns),
+        ),
         ["namespaces", ns, collection] => {
             let kind = singular(collection);
             t(format!("{kind}.{verb}"), kind, Some(ns), None)
@@ -332,6 +338,10 @@ mod tests {
         assert_eq!(
             of(Method::DELETE, "/v1/namespaces/team"),
             some("namespace.delete", "namespace", Some("team"), Some("team"))
+        );
+        assert_eq!(
+            of(Method::POST, "/v1/namespaces/team/restore"),
+            some("namespace.restore", "namespace", Some("team"), Some("team"))
         );
         assert_eq!(
             of(Method::DELETE, "/v1/tokens/0123456789ab"),

@@ -73,8 +73,9 @@ impl Caller {
     }
 
     /// `404` for namespaces the caller may not see: their existence is not leaked.
+    /// Nobody sees the hidden names namespaces in the trash are kept under.
     pub fn check(&self, namespace: &str) -> Result<(), ApiError> {
-        if self.may_access(namespace) {
+        if self.may_access(namespace) && !sless_store::is_trash_name(namespace) {
             Ok(())
         } else {
             Err(ApiError::not_found("namespace", namespace))

@@ -104,6 +104,9 @@ pub struct AppState {
     pub devices: Option<Arc<sless_controller::devices::Devices>>,
     /// Where devices and telemetry are read from.
     pub device_store: Arc<dyn sless_store::DeviceStore>,
+    // --- Namespace trash ---
+    /// Where force-deleted namespaces are kept until restored or purged.
+    pub trash: Arc<dyn sless_store::TrashStore>,
 }
 
 /// A response body: one of `sless_api_types`' shapes, as the JSON document it is sent as.
@@ -153,6 +156,7 @@ pub fn routes() -> openapi::Routes {
             "/v1/namespaces/{ns}",
             put(n::ensure).get(n::get).delete(n::delete),
         )
+        .route("/v1/namespaces/{ns}/restore", post(n::restore))
         .route(
             "/v1/namespaces/{ns}/functions",
             get(f::list).post(f::create),

@@ -172,12 +172,15 @@ pub struct DeleteQuery {
     force: bool,
 }
 
+/// `DELETE /v1/namespaces/{ns}`: an empty namespace is deleted; with `?force=true`
+/// the namespace and everything in it stop and go to the trash, from which
+/// `POST /v1/namespaces/{ns}/restore` brings them back.
 #[utoipa::path(
     delete,
     path = "/v1/namespaces/{ns}",
     tag = "namespaces",
     params(crate::openapi::NsPath, crate::openapi::ForceQuery),
-    responses((status = 204, description = "Deleted"), crate::openapi::DeleteErrors)
+    responses((status = 204, description = "Deleted (with `force`: moved to the trash)"), crate::openapi::DeleteErrors)
 )]
 pub async fn delete(
     State(s): State<AppState>,
@@ -189,7 +192,11 @@ pub async fn delete(
     let triggers = s.trigger_store.list_triggers(Some(&ns)).await?;
     let jobs = s.job_store.list_jobs(Some(&ns)).await?;
     let devices = s.device_store.list_devices(&ns).await?;
-    let removed = s.store.delete_namespace(&ns, q.force).await?;
+    let removed = if q.force {
+        s.trash.trash_namespace(&ns).await?
+    } else {
+        s.store.delete_namespace(&ns, false).await?
+    };
     for t in triggers {
         s.triggers.remove(&ns, &t.name);
     }
@@ -201,10 +208,10 @@ pub async fn delete(
     }
     s.collector.nudge();
     s.tokens.invalidate();
-    // Its stored quota went with it: a namespace made again under the name starts
-    // from the defaults.
+    // Its stored quota went with it (to the trash, or for good): a namespace made
+    // again under the name starts from the defaults.
     s.quotas.forget(&ns);
-    // Its async calls went with it.
+    // Its async calls went with it (calls in flight settle into nothing).
     s.calls.forget(&ns);
     // Its devices went with it: the broker forgets them (and disconnects them).
     if let Some(d) = &s.devices {
@@ -213,6 +220,76 @@ pub async fn delete(
         d.namespace_deleted(&names).await;
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// How long a restore waits for the namespace's functions to serve again before it
+/// answers (as a server start waits for stored functions).
+const RESTORE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long a restore waits for the devices' broker to serve again.
+const BROKER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// `POST /v1/namespaces/{ns}/restore` (admin only): brings the namespace most
+/// recently moved to the trash under this name back whole, and everything of it
+/// running again as a server start would: its quotas and tokens hold again, its
+/// functions are deployed from their (reused) builds, then its triggers, unfinished
+/// async calls and job runs resume, and the devices' broker takes their accounts
+/// from the store again. Answers once its functions serve (or a minute passed).
+#[utoipa::path(
+    post,
+    path = "/v1/namespaces/{ns}/restore",
+    tag = "namespaces",
+    params(crate::openapi::NsPath),
+    responses(
+        (status = 200, description = "Restored: the namespace, its quotas and its usage", body = sless_api_types::NamespaceDetail),
+        (status = 409, description = "A namespace of that name exists again (it was created after the delete)", body = sless_api_types::ErrorBody),
+        crate::openapi::ReadErrors
+    )
+)]
+pub async fn restore(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(ns): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    // A namespace token's own namespace is gone while it is in the trash, and it
+    // may not bring back another's.
+    if !caller.is_admin() {
+        return Err(ApiError::NotFound("no such endpoint".into()));
+    }
+    sless_core::validate_name("name", &ns).map_err(|_| ApiError::not_found("namespace", &ns))?;
+    let record = s.trash.restore_namespace(&ns).await.map_err(|e| match e {
+        sless_store::StoreError::NotFound { .. } => {
+            ApiError::NotFound(format!("namespace {ns:?} is not in the trash"))
+        }
+        sless_store::StoreError::Conflict { .. } => ApiError::Conflict(format!(
+            "namespace {ns:?} exists again (it was created after the delete): \
+             delete it (DELETE /v1/namespaces/{ns}?force=true moves it to the trash too) \
+             before restoring the one in the trash"
+        )),
+        other => other.into(),
+    })?;
+    tracing::info!(namespace = %ns, "restored a namespace from the trash");
+    s.quotas.reload(&ns).await?;
+    s.tokens.invalidate();
+    // The broker restarts (its account file from the store) while the functions deploy.
+    let broker = async {
+        if let Some(d) = &s.devices
+            && !s.device_store.list_devices(&ns).await?.is_empty()
+        {
+            d.reload_accounts(BROKER_PATIENCE).await;
+        }
+        Ok::<_, ApiError>(())
+    };
+    let (functions, broker) =
+        tokio::join!(s.controller.resync_namespace(&ns, RESTORE_PATIENCE), broker);
+    functions?;
+    broker?;
+    for t in s.trigger_store.list_triggers(Some(&ns)).await? {
+        s.triggers.apply(&t);
+    }
+    // Once its functions serve, as at start: a call run before would find none.
+    s.calls.resume_namespace(&ns).await?;
+    s.jobs.resume_namespace(&ns).await?;
+    body(&namespace_detail(&s, &record).await?)
 }
 
 #[utoipa::path(

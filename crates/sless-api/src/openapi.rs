@@ -98,6 +98,7 @@ pub async fn serve() -> Response {
         crate::namespaces::ensure,
         crate::namespaces::get,
         crate::namespaces::delete,
+        crate::namespaces::restore,
         crate::functions::list,
         crate::functions::create,
         crate::functions::get,
@@ -283,7 +284,10 @@ pub struct IfMatchHeader {
 #[into_params(parameter_in = Query)]
 #[allow(dead_code)]
 pub struct ForceQuery {
-    /// Delete the namespace's functions too.
+    /// Delete the namespace with everything in it: it goes to the trash (kept
+    /// `--trash-retention-hours`, 72 by default), from which
+    /// `POST /v1/namespaces/{ns}/restore` brings it back. Without it, only an empty
+    /// namespace is deleted (for good; not empty is 409).
     force: Option<bool>,
 }
 

@@ -105,6 +105,14 @@ impl Quotas {
         Ok(quota)
     }
 
+    /// Makes the stored overrides of `ns` effective again (it was restored from the
+    /// trash, its overrides with it).
+    pub async fn reload(&self, ns: &str) -> Result<Quota, ApiError> {
+        let quota = self.effective(ns).await?;
+        self.executor.quotas().set(ns, quota);
+        Ok(quota)
+    }
+
     /// A deleted namespace's quotas are the defaults again (its stored overrides
     /// were deleted with it).
     pub fn forget(&self, ns: &str) {

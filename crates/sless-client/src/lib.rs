@@ -148,7 +148,9 @@ impl Client {
         Ok(items.items)
     }
 
-    /// `DELETE /v1/namespaces/{ns}`; `force` deletes a namespace that still holds objects.
+    /// `DELETE /v1/namespaces/{ns}`: deletes an empty namespace; with `force` the
+    /// namespace and everything in it go to the server's trash instead, from which
+    /// [`Client::restore_namespace`] brings them back.
     pub async fn delete_namespace(&self, ns: &str, force: bool) -> Result<()> {
         let mut url = self.url(&["v1", "namespaces", ns]);
         if force {
@@ -156,6 +158,16 @@ impl Client {
         }
         self.send(self.http.delete(url.clone()), &url).await?;
         Ok(())
+    }
+
+    /// `POST /v1/namespaces/{ns}/restore` (admin only): brings back the namespace most
+    /// recently force-deleted under this name, with everything it held; answers once
+    /// its functions serve again. 404 when none is in the trash, 409 when a namespace
+    /// of that name was created since.
+    pub async fn restore_namespace(&self, ns: &str) -> Result<sless_api_types::NamespaceDetail> {
+        let url = self.url(&["v1", "namespaces", ns, "restore"]);
+        let resp = self.send(self.http.post(url.clone()), &url).await?;
+        decode(resp, &url).await
     }
 
     /// `POST /v1/namespaces/{ns}/functions` with `body` (`name`, `runtime` and spec fields).

@@ -71,6 +71,26 @@ async fn delete_ns(Path(ns): Path<String>, Query(q): Query<HashMap<String, Strin
     )
 }
 
+async fn restore_ns(Path(ns): Path<String>) -> AxResponse {
+    match ns.as_str() {
+        "gone" => api_error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "namespace \"gone\" is not in the trash",
+        ),
+        "taken" => api_error(
+            StatusCode::CONFLICT,
+            "conflict",
+            "namespace \"taken\" exists again",
+        ),
+        _ => axum::Json(json!({
+            "name": ns, "created_at": "2025-01-01T00:00:00Z",
+            "quota": {"functions": 3}, "usage": {"functions": 1}
+        }))
+        .into_response(),
+    }
+}
+
 async fn list_ns() -> axum::Json<Value> {
     axum::Json(json!({"items": [{"name": "default"}, {"name": "team-a"}]}))
 }
@@ -523,6 +543,7 @@ async fn serve() -> String {
         .route("/v1/garbage", get(garbage))
         .route("/v1/namespaces", get(list_ns))
         .route("/v1/namespaces/{ns}", put(ensure_ns).delete(delete_ns))
+        .route("/v1/namespaces/{ns}/restore", post(restore_ns))
         .route(
             "/v1/namespaces/{ns}/functions",
             get(list_functions).post(create_function),
@@ -703,6 +724,20 @@ async fn namespaces() {
     c.delete_namespace("team-a", true)
         .await
         .expect("forced delete");
+    let restored = c.restore_namespace("team-a").await.expect("restored");
+    assert_eq!(
+        (
+            restored.name.as_str(),
+            restored.quota.functions,
+            restored.usage.functions
+        ),
+        ("team-a", 3, 1)
+    );
+    assert_eq!(restored.created_at.as_deref(), Some("2025-01-01T00:00:00Z"));
+    let err = c.restore_namespace("gone").await.expect_err("404");
+    assert_eq!((err.status(), err.code()), (Some(404), Some("not_found")));
+    let err = c.restore_namespace("taken").await.expect_err("409");
+    assert_eq!((err.status(), err.code()), (Some(409), Some("conflict")));
 }
 
 #[tokio::test]

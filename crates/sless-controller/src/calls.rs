@@ -19,6 +19,7 @@
 //! do not depend on it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -203,6 +204,9 @@ struct Worker {
     /// worker started by a redrive scans from the start, and could meet one again
     /// just after it settled).
     redriven_ids: Mutex<HashSet<String>>,
+    /// Read the queue from its start again at the next pass (the namespace came
+    /// back from the trash: calls behind the cursor are unfinished again).
+    rescan: AtomicBool,
 }
 
 impl Calls {
@@ -262,6 +266,39 @@ impl Calls {
             self.worker(&ns, &function).wake.notify_one();
         }
         Ok(functions)
+    }
+
+    /// Counts and runs again the unfinished calls of a namespace restored from the
+    /// trash, as [`Calls::resume`] does at start (call it once its functions are back).
+    /// Calls in flight when it was trashed were dropped unsettled; a worker that
+    /// had passed them reads its queue from the start again.
+    pub async fn resume_namespace(&self, namespace: &str) -> Result<usize, StoreError> {
+        let unfinished: Vec<_> = self
+            .store
+            .unfinished_counts()
+            .await?
+            .into_iter()
+            .filter(|(ns, _, _)| ns == namespace)
+            .collect();
+        {
+            let mut counts = self.lock_counts();
+            counts.namespaces.remove(namespace);
+            counts.functions.retain(|(ns, _), _| ns != namespace);
+            for (ns, function, n) in &unfinished {
+                *counts
+                    .functions
+                    .entry((ns.clone(), function.clone()))
+                    .or_default() += n;
+                *counts.namespaces.entry(ns.clone()).or_default() += n;
+            }
+        }
+        for (ns, function, n) in &unfinished {
+            tracing::info!(namespace = %ns, function = %function, calls = n, "resuming the restored namespace's unfinished async calls");
+            let worker = self.worker(ns, function);
+            worker.rescan.store(true, Ordering::Relaxed);
+            worker.wake.notify_one();
+        }
+        Ok(unfinished.len())
     }
 
     fn lock_counts(&self) -> std::sync::MutexGuard<'_, Counts> {
@@ -414,6 +451,7 @@ impl Calls {
             wake: Notify::new(),
             redriven: Mutex::default(),
             redriven_ids: Mutex::default(),
+            rescan: AtomicBool::new(false),
         });
         workers.insert(key, worker.clone());
         tokio::spawn(run_worker(
@@ -443,6 +481,9 @@ async fn run_worker(calls: Weak<Calls>, worker: Arc<Worker>, shutdown: Cancellat
             worker.engine.set_policy(policy);
         }
         let sweep = c.config.sweep;
+        if worker.rescan.swap(false, Ordering::Relaxed) {
+            cursor = 0;
+        }
         loop {
             let next = worker
                 .redriven
@@ -820,6 +861,81 @@ mod tests {
         assert_eq!(seen[0].event, serde_json::json!({"n": 1}));
         let info = seen[0].delivery.clone().unwrap();
         assert_eq!((info.attempt, info.call_id), (1, Some(id.clone())));
+        assert_eq!(calls.queued("default"), 0);
+    }
+
+    /// Holds every fire until a permit is added, then answers 200.
+    struct GatedFire {
+        open: tokio::sync::Semaphore,
+        fired: std::sync::atomic::AtomicU32,
+    }
+
+    #[async_trait]
+    impl Fire for GatedFire {
+        async fn fire(&self, _: FireRequest) -> FireOutcome {
+            self.fired.fetch_add(1, Ordering::SeqCst);
+            self.open.acquire().await.unwrap().forget();
+            FireOutcome {
+                status: 200,
+                error: None,
+                response: None,
+            }
+        }
+
+        async fn prewarm(&self, _: &str, _: &str) {}
+    }
+
+    #[tokio::test]
+    async fn a_call_in_flight_when_its_namespace_was_trashed_runs_again_once_restored() {
+        use sless_store::{Store, TrashStore};
+        let fire = Arc::new(GatedFire {
+            open: tokio::sync::Semaphore::new(0),
+            fired: Default::default(),
+        });
+        let store = Arc::new(SqliteStore::in_memory().await.unwrap());
+        store.ensure_namespace("default").await.unwrap();
+        let calls = Calls::start(
+            store.clone(),
+            store.clone(),
+            DeadLetters::new(store.clone()),
+            fire.clone(),
+            Arc::new(Quotas::new(Quota::default())),
+            CallsConfig::default(),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        let id = calls.enqueue(new_call("{}")).await.unwrap();
+        let in_flight = |calls: &Calls| calls.in_flight.lock().unwrap().contains(&id);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while fire.fired.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the call is fired");
+        // Trashed while its attempt runs: the answer settles into nothing.
+        store.trash_namespace("default").await.unwrap();
+        calls.forget("default");
+        fire.open.add_permits(1);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while in_flight(&calls) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the attempt settles");
+        assert_eq!(calls.queued("default"), 0);
+
+        // Back, it is unfinished again, behind the worker's cursor: it runs once more.
+        store.restore_namespace("default").await.unwrap();
+        let call = store.get_call("default", &id).await.unwrap();
+        assert!(!call.phase.is_terminal(), "{:?}", call.phase);
+        assert_eq!(calls.resume_namespace("default").await.unwrap(), 1);
+        assert_eq!(calls.queued("default"), 1);
+        fire.open.add_permits(1);
+        assert_eq!(ended(&store, &id).await.phase, CallPhase::Succeeded);
+        assert_eq!(fire.fired.load(Ordering::SeqCst), 2);
         assert_eq!(calls.queued("default"), 0);
     }
 

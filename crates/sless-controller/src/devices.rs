@@ -229,6 +229,25 @@ impl Devices {
         }
     }
 
+    /// Makes the broker take its accounts from the store again, for devices that
+    /// came back with a namespace restored from the trash: the store keeps only their
+    /// password hashes, which no `$CONTROL` command takes, so the broker is restarted
+    /// (every client reconnects; sessions persist) and writes its account file from
+    /// the store as at every start. Waits up to `patience` for it to serve again.
+    pub async fn reload_accounts(&self, patience: Duration) {
+        let mut starts = self.broker.starts();
+        starts.borrow_and_update();
+        self.broker.restart();
+        if tokio::time::timeout(patience, starts.changed())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "devices: the broker did not come back in time; restored devices connect once it does"
+            );
+        }
+    }
+
     /// Whether the device is connected now.
     pub fn online(&self, namespace: &str, name: &str) -> bool {
         self.broker.is_online(&device::username(namespace, name))

@@ -3,7 +3,8 @@
 //! quota checked before an upload is stored.
 //!
 //! What is kept: every archive a function or job names, the build of each
-//! function's and self-contained job's current code, the builds each pool runs
+//! function's and self-contained job's current code (those of namespaces in the
+//! trash included, so a restore reuses them), the builds each pool runs
 //! and ran just before (old instances may be draining), builds of functions
 //! deleted less than the grace period ago, and anything written, stored again or
 //! reused less than the grace period ago. The last rule covers the gap between
@@ -226,14 +227,19 @@ impl Collector {
                 keep_builds.insert(key.to_string_lossy().into_owned());
             }
         };
-        let functions = self.store.list_functions(None).await?;
-        let jobs = self.jobs.list_jobs(None).await?;
+        let mut functions = self.store.list_functions(None).await?;
+        let mut jobs = self.jobs.list_jobs(None).await?;
         for f in &functions {
             deployed(&f.namespace, &f.name);
         }
         for j in &jobs {
             deployed(&j.namespace, &pool_name(&j.name));
         }
+        // A namespace in the trash keeps its builds for a restore (its archives are
+        // among the referenced ones already); these name their original namespace.
+        let (trashed_functions, trashed_jobs) = self.storage.trashed_code().await?;
+        functions.extend(trashed_functions);
+        jobs.extend(trashed_jobs);
         for f in &functions {
             if let Some(sha) = &f.code_sha256 {
                 let family = f.spec.runtime.family;

@@ -95,6 +95,18 @@ impl Jobs {
         Ok(resumed)
     }
 
+    /// Runs again every job of `namespace` whose run had not finished when it was
+    /// moved to the trash (it was restored), as a server start does for all.
+    pub async fn resume_namespace(&self, namespace: &str) -> Result<usize, StoreError> {
+        let jobs = self.store.list_jobs(Some(namespace)).await?;
+        let mut resumed = 0;
+        for job in jobs.iter().filter(|j| !j.status.phase.is_terminal()) {
+            self.start(&job.namespace, &job.name);
+            resumed += 1;
+        }
+        Ok(resumed)
+    }
+
     /// Starts (or restarts) the job's current run in the background.
     pub fn start(&self, namespace: &str, name: &str) {
         let key = (namespace.to_string(), name.to_string());

@@ -372,6 +372,30 @@ impl Controller {
         Ok(all.len())
     }
 
+    /// Reconciles every function of `namespace` (restored from the trash) and waits
+    /// up to `patience` for them, as [`Controller::resync_all`] does at start.
+    pub async fn resync_namespace(
+        self: &Arc<Self>,
+        namespace: &str,
+        patience: Duration,
+    ) -> Result<usize, StoreError> {
+        let all = self.store.list_functions(Some(namespace)).await?;
+        let pending: Vec<_> = all
+            .iter()
+            .map(|f| self.enqueue(&f.namespace, &f.name))
+            .collect();
+        if tokio::time::timeout(patience, settle_all(pending))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                namespace,
+                "some restored functions are still being rebuilt; they will serve when ready"
+            );
+        }
+        Ok(all.len())
+    }
+
     /// Stops serving a deleted function and forgets it. A pass still running
     /// for it (a build) is followed by one that finds it gone and undoes
     /// whatever that pass deployed.

@@ -432,10 +432,12 @@ impl CallStore for SqliteStore {
     }
 
     async fn unfinished_counts(&self) -> Result<Vec<(String, String, u64)>> {
-        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(concat!(
             "SELECT namespace, function, COUNT(*) FROM async_calls \
-             WHERE phase IN ('Queued', 'Running') GROUP BY namespace, function",
-        )
+             WHERE phase IN ('Queued', 'Running') AND ",
+            live!("namespace"),
+            " GROUP BY namespace, function"
+        ))
         .fetch_all(self.pool())
         .await?;
         Ok(rows

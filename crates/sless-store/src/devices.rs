@@ -223,7 +223,9 @@ impl DeviceStore for SqliteStore {
         let rows = sqlx::query(concat!(
             "SELECT ",
             device_columns!(),
-            " FROM devices ORDER BY namespace, name"
+            " FROM devices WHERE ",
+            live!("namespace"),
+            " ORDER BY namespace, name"
         ))
         .fetch_all(self.pool())
         .await?;

@@ -63,7 +63,7 @@ pub trait JobStore: Send + Sync + 'static {
     async fn delete_job(&self, namespace: &str, name: &str) -> Result<()>;
 }
 
-fn from_row(row: &SqliteRow) -> Result<JobRecord> {
+pub(crate) fn from_row(row: &SqliteRow) -> Result<JobRecord> {
     Ok(JobRecord {
         namespace: row.try_get("namespace")?,
         name: row.try_get("name")?,
@@ -116,9 +116,13 @@ impl JobStore for SqliteStore {
                     .await?
             }
             None => {
-                sqlx::query("SELECT * FROM jobs ORDER BY namespace, name")
-                    .fetch_all(self.pool())
-                    .await?
+                sqlx::query(concat!(
+                    "SELECT * FROM jobs WHERE ",
+                    live!("namespace"),
+                    " ORDER BY namespace, name"
+                ))
+                .fetch_all(self.pool())
+                .await?
             }
         };
         rows.iter().map(from_row).collect()

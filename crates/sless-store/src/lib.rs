@@ -8,6 +8,14 @@
 //! another writer got there first, and a caller can make it conditional on the
 //! generation it last saw (`If-Match`).
 
+/// SQL: the column `$col` names no namespace in the trash (see [`trash`]); every
+/// enumeration across namespaces says so.
+macro_rules! live {
+    ($col:literal) => {
+        concat!($col, " NOT GLOB '~trash~*'")
+    };
+}
+
 mod audit;
 mod calls;
 mod cas;
@@ -20,6 +28,7 @@ mod secrets;
 mod sqlite;
 mod storage;
 mod tokens;
+pub mod trash;
 mod triggers;
 
 use async_trait::async_trait;
@@ -47,6 +56,7 @@ pub use secrets::{SecretRecord, SecretReferences, SecretStore};
 pub use sless_core::invocation::{InvocationRecord, InvocationSource};
 pub use sqlite::SqliteStore;
 pub use storage::{CodeOwner, StorageStore};
+pub use trash::{TrashStore, TrashedNamespace, is_trash_name};
 pub use triggers::{TriggerRecord, TriggerStore};
 // Token listing and revocation, and the audit log.
 pub use audit::{AuditEntry, AuditFilter, AuditStore, DEFAULT_AUDIT_LIMIT, MAX_AUDIT_LIMIT};
@@ -187,14 +197,17 @@ pub trait Store: Send + Sync + 'static {
     /// Creates the namespace if missing; `true` when it was created.
     async fn ensure_namespace(&self, name: &str) -> Result<bool>;
     async fn get_namespace(&self, name: &str) -> Result<Namespace>;
+    /// Every namespace (none in the trash), by name.
     async fn list_namespaces(&self) -> Result<Vec<Namespace>>;
-    /// Deletes a namespace; with `force` its functions and tokens go too, and their
-    /// records are returned so the caller can stop them.
+    /// Deletes a namespace for good; with `force` its functions and tokens go too, and
+    /// their records are returned so the caller can stop them. (The API's forced
+    /// delete moves it to the trash instead: [`TrashStore::trash_namespace`].)
     async fn delete_namespace(&self, name: &str, force: bool) -> Result<Vec<FunctionRecord>>;
 
     async fn create_function(&self, record: &FunctionRecord) -> Result<()>;
     async fn get_function(&self, namespace: &str, name: &str) -> Result<FunctionRecord>;
-    /// Functions of one namespace, or of all when `None`, ordered by namespace and name.
+    /// Functions of one namespace, or of all when `None` (those in the trash left
+    /// out), ordered by namespace and name.
     async fn list_functions(&self, namespace: Option<&str>) -> Result<Vec<FunctionRecord>>;
     /// Applies a change and returns the record as it now stands. A change that
     /// changes something bumps `revision` and `generation`; one that changes nothing

@@ -58,9 +58,13 @@ impl QuotaStore for SqliteStore {
     }
 
     async fn namespace_quotas(&self) -> Result<Vec<(String, String)>> {
-        let rows = sqlx::query("SELECT namespace, quota FROM namespace_quotas ORDER BY namespace")
-            .fetch_all(self.pool())
-            .await?;
+        let rows = sqlx::query(concat!(
+            "SELECT namespace, quota FROM namespace_quotas WHERE ",
+            live!("namespace"),
+            " ORDER BY namespace"
+        ))
+        .fetch_all(self.pool())
+        .await?;
         Ok(rows
             .into_iter()
             .map(|r| (r.get("namespace"), r.get("quota")))

@@ -17,10 +17,11 @@ use crate::{FunctionChange, FunctionRecord, Namespace, Result, Store, StoreError
 ///
 /// No lock of its own: read-modify-write updates are compare-and-swaps on the
 /// object's generation (see [`crate::cas`]), and SQLite serialises the writes, each
-/// waiting up to the busy timeout for the one writer's lock. The one transaction
-/// that reads before it writes (deleting a namespace) starts with `BEGIN IMMEDIATE`,
-/// so it holds the write lock from its first read and cannot fail with
-/// `SQLITE_BUSY` when another connection wrote since that read.
+/// waiting up to the busy timeout for the one writer's lock. The transactions that
+/// read before they write (deleting a namespace, moving it to and from the trash,
+/// purging the trash) start with `BEGIN IMMEDIATE`, so each holds the write lock from
+/// its first read and cannot fail with `SQLITE_BUSY` when another connection wrote
+/// since that read.
 pub struct SqliteStore {
     pool: SqlitePool,
     /// Group commits of async calls' writes (started with the store).
@@ -76,7 +77,7 @@ fn now() -> String {
     crate::stamp(Utc::now())
 }
 
-fn function_from_row(row: &SqliteRow) -> Result<FunctionRecord> {
+pub(crate) fn function_from_row(row: &SqliteRow) -> Result<FunctionRecord> {
     let spec: String = row.try_get("spec")?;
     let status: String = row.try_get("status")?;
     let revision: i64 = row.try_get("revision")?;
@@ -98,6 +99,45 @@ macro_rules! function_columns {
     () => {
         "namespace, name, spec, status, revision, code_sha256, generation, created_at, updated_at"
     };
+}
+
+/// The functions of one namespace, inside a transaction.
+pub(crate) async fn functions_of(
+    conn: &mut sqlx::SqliteConnection,
+    namespace: &str,
+) -> Result<Vec<FunctionRecord>> {
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        function_columns!(),
+        " FROM functions WHERE namespace = ?"
+    ))
+    .bind(namespace)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(function_from_row).collect()
+}
+
+/// Deletes a namespace and everything in it (its quota overrides by the foreign
+/// key's cascade), inside the caller's transaction. Invocation records stay.
+pub(crate) async fn delete_namespace_rows(
+    conn: &mut sqlx::SqliteConnection,
+    name: &str,
+) -> Result<()> {
+    for sql in [
+        "DELETE FROM functions WHERE namespace = ?",
+        "DELETE FROM triggers WHERE namespace = ?",
+        "DELETE FROM jobs WHERE namespace = ?",
+        "DELETE FROM secrets WHERE namespace = ?",
+        "DELETE FROM async_calls WHERE namespace = ?",
+        "DELETE FROM dead_letters WHERE namespace = ?",
+        "DELETE FROM telemetry WHERE namespace = ?",
+        "DELETE FROM devices WHERE namespace = ?",
+        "DELETE FROM tokens WHERE namespace = ?",
+        "DELETE FROM namespaces WHERE name = ?",
+    ] {
+        sqlx::query(sql).bind(name).execute(&mut *conn).await?;
+    }
+    Ok(())
 }
 
 #[async_trait]
@@ -137,9 +177,13 @@ impl Store for SqliteStore {
     }
 
     async fn list_namespaces(&self) -> Result<Vec<Namespace>> {
-        let rows = sqlx::query("SELECT name, created_at FROM namespaces ORDER BY name")
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(concat!(
+            "SELECT name, created_at FROM namespaces WHERE ",
+            live!("name"),
+            " ORDER BY name"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
         rows.iter()
             .map(|row| {
                 Ok(Namespace {
@@ -162,18 +206,7 @@ impl Store for SqliteStore {
                 name: name.to_string(),
             });
         }
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            function_columns!(),
-            " FROM functions WHERE namespace = ?"
-        ))
-        .bind(name)
-        .fetch_all(&mut *tx)
-        .await?;
-        let functions = rows
-            .iter()
-            .map(function_from_row)
-            .collect::<Result<Vec<_>>>()?;
+        let functions = functions_of(&mut tx, name).await?;
         // Devices count as content too: their credentials cannot be made again.
         let devices: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM devices WHERE namespace = ?")
             .bind(name)
@@ -182,29 +215,7 @@ impl Store for SqliteStore {
         if (!functions.is_empty() || devices > 0) && !force {
             return Err(StoreError::NotEmpty(name.to_string()));
         }
-        sqlx::query("DELETE FROM functions WHERE namespace = ?")
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        for table in [
-            "DELETE FROM triggers WHERE namespace = ?",
-            "DELETE FROM jobs WHERE namespace = ?",
-            "DELETE FROM secrets WHERE namespace = ?",
-            "DELETE FROM async_calls WHERE namespace = ?",
-            "DELETE FROM dead_letters WHERE namespace = ?",
-            "DELETE FROM telemetry WHERE namespace = ?",
-            "DELETE FROM devices WHERE namespace = ?",
-        ] {
-            sqlx::query(table).bind(name).execute(&mut *tx).await?;
-        }
-        sqlx::query("DELETE FROM tokens WHERE namespace = ?")
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM namespaces WHERE name = ?")
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
+        delete_namespace_rows(&mut tx, name).await?;
         tx.commit().await?;
         Ok(functions)
     }
@@ -261,7 +272,9 @@ impl Store for SqliteStore {
                 sqlx::query(concat!(
                     "SELECT ",
                     function_columns!(),
-                    " FROM functions ORDER BY namespace, name"
+                    " FROM functions WHERE ",
+                    live!("namespace"),
+                    " ORDER BY namespace, name"
                 ))
                 .fetch_all(&self.pool)
                 .await?
@@ -359,10 +372,13 @@ impl Store for SqliteStore {
     }
 
     async fn token_namespace(&self, hash: &str) -> Result<Option<String>> {
-        let row = sqlx::query("SELECT namespace FROM tokens WHERE hash = ?")
-            .bind(hash)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(concat!(
+            "SELECT namespace FROM tokens WHERE hash = ? AND ",
+            live!("namespace")
+        ))
+        .bind(hash)
+        .fetch_optional(&self.pool)
+        .await?;
         Ok(row.map(|r| r.try_get("namespace")).transpose()?)
     }
 }

@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use async_trait::async_trait;
 use sqlx::Row;
 
-use crate::{Result, SqliteStore};
+use crate::trash::parse_trash_name;
+use crate::{FunctionRecord, JobRecord, Result, SqliteStore};
 
 /// The function or job whose code is being replaced: its current archive is
 /// left out of the count, since the upload replaces it.
@@ -36,8 +37,13 @@ pub trait StorageStore: Send + Sync + 'static {
         sha256: &str,
         except: Option<CodeOwner<'_>>,
     ) -> Result<bool>;
-    /// Every archive a function or job of any namespace names.
+    /// Every archive a function or job of any namespace names, those in the trash
+    /// included (they are kept for a restore).
     async fn referenced_blobs(&self) -> Result<HashSet<String>>;
+    /// The functions and jobs of namespaces in the trash, each under the name of
+    /// the namespace it was trashed from (their builds' keys contain it), so their
+    /// builds are kept for a restore.
+    async fn trashed_code(&self) -> Result<(Vec<FunctionRecord>, Vec<JobRecord>)>;
     /// Forgets the sizes of archives that were removed.
     async fn forget_blobs(&self, sha256s: &[String]) -> Result<()>;
 }
@@ -132,6 +138,32 @@ impl StorageStore for SqliteStore {
             .collect()
     }
 
+    async fn trashed_code(&self) -> Result<(Vec<FunctionRecord>, Vec<JobRecord>)> {
+        let rows = sqlx::query("SELECT * FROM functions WHERE namespace GLOB '~trash~*'")
+            .fetch_all(self.pool())
+            .await?;
+        let mut functions = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let mut f = crate::sqlite::function_from_row(row)?;
+            if let Some((ns, _)) = parse_trash_name(&f.namespace) {
+                f.namespace = ns.to_string();
+                functions.push(f);
+            }
+        }
+        let rows = sqlx::query("SELECT * FROM jobs WHERE namespace GLOB '~trash~*'")
+            .fetch_all(self.pool())
+            .await?;
+        let mut jobs = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let mut j = crate::jobs::from_row(row)?;
+            if let Some((ns, _)) = parse_trash_name(&j.namespace) {
+                j.namespace = ns.to_string();
+                jobs.push(j);
+            }
+        }
+        Ok((functions, jobs))
+    }
+
     async fn forget_blobs(&self, sha256s: &[String]) -> Result<()> {
         for sha in sha256s {
             sqlx::query("DELETE FROM blob_sizes WHERE sha256 = ?")
@@ -146,7 +178,7 @@ impl StorageStore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{FunctionChange, JobRecord, JobStore, Store};
+    use crate::{FunctionChange, JobStore, Store};
 
     #[tokio::test]
     async fn usage_counts_each_named_archive_once_and_leaves_out_the_replaced_one() {

@@ -60,7 +60,8 @@ impl TokenStore for SqliteStore {
     async fn list_tokens(&self, namespace: Option<&str>) -> Result<Vec<TokenInfo>> {
         let rows = sqlx::query(
             "SELECT hash, namespace, created_at, last_used_at FROM tokens \
-             WHERE ?1 IS NULL OR namespace = ?1 ORDER BY created_at, hash",
+             WHERE (?1 IS NULL OR namespace = ?1) AND namespace NOT GLOB '~trash~*' \
+             ORDER BY created_at, hash",
         )
         .bind(namespace)
         .fetch_all(self.pool())
@@ -78,6 +79,7 @@ impl TokenStore for SqliteStore {
         }
         let row = sqlx::query(
             "DELETE FROM tokens WHERE substr(hash, 1, ?1) = ?2 AND (?3 IS NULL OR namespace = ?3) \
+             AND namespace NOT GLOB '~trash~*' \
              RETURNING hash, namespace, created_at, last_used_at",
         )
         .bind(TOKEN_ID_LEN as i64)

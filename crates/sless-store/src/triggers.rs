@@ -126,9 +126,13 @@ impl TriggerStore for SqliteStore {
                     .await?
             }
             None => {
-                sqlx::query("SELECT * FROM triggers ORDER BY namespace, name")
-                    .fetch_all(self.pool())
-                    .await?
+                sqlx::query(concat!(
+                    "SELECT * FROM triggers WHERE ",
+                    live!("namespace"),
+                    " ORDER BY namespace, name"
+                ))
+                .fetch_all(self.pool())
+                .await?
             }
         };
         rows.iter().map(from_row).collect()

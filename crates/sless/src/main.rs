@@ -78,8 +78,8 @@ enum Command {
     Device(devices::DeviceCommand),
     /// Print (or follow) the telemetry devices sent, oldest first.
     Telemetry(devices::TelemetryArgs),
-    /// Create, list and delete namespaces.
-    #[command(subcommand)]
+    /// Create, list, delete and restore namespaces.
+    #[command(subcommand, alias = "namespace")]
     Ns(admin::NsCommand),
     /// Create namespace tokens.
     #[command(subcommand)]
@@ -178,6 +178,11 @@ mod tests {
         assert!(matches!(
             cli.command,
             Command::Ns(admin::NsCommand::Rm { force: true, .. })
+        ));
+        let cli = Cli::try_parse_from(["sless", "namespace", "restore", "team-a"]).expect("parses");
+        assert!(matches!(
+            cli.command,
+            Command::Ns(admin::NsCommand::Restore { name }) if name == "team-a"
         ));
         let cli =
             Cli::try_parse_from(["sless", "logs", "hello", "-f", "--tail", "5"]).expect("parses");

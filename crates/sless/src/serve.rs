@@ -131,6 +131,11 @@ pub struct ServeArgs {
     /// The audit log keeps at most this many entries, the newest (0: no bound).
     #[arg(long, env = "SLESS_AUDIT_RETENTION_COUNT", default_value_t = 1_000_000)]
     pub audit_retention_count: u64,
+    /// A namespace deleted with ?force=true stays in the trash (restorable with
+    /// POST /v1/namespaces/{ns}/restore) this many hours, then is deleted for good
+    /// (0 keeps it forever).
+    #[arg(long, env = "SLESS_TRASH_RETENTION_HOURS", default_value_t = 72)]
+    pub trash_retention_hours: u64,
     /// Connections open at once [default: half the open-file limit, at most 65536].
     /// At the limit a new connection takes the place of the oldest idle one.
     #[arg(long, env = "SLESS_MAX_CONNECTIONS")]
@@ -392,7 +397,7 @@ pub struct Server {
 /// when dropped.
 struct StopOnDrop {
     shutdown: CancellationToken,
-    tasks: [tokio::task::AbortHandle; 5],
+    tasks: [tokio::task::AbortHandle; 6],
 }
 
 impl Drop for StopOnDrop {
@@ -543,6 +548,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
     let call_store: Arc<dyn sless_store::CallStore> = sqlite.clone();
     let dead_letter_store: Arc<dyn sless_store::DeadLetterStore> = sqlite.clone();
     let device_store: Arc<dyn sless_store::DeviceStore> = sqlite.clone();
+    let trash_store: Arc<dyn sless_store::TrashStore> = sqlite.clone();
     let store: Arc<dyn Store> = sqlite;
     // The one writer of dead letters, for async calls and queue triggers alike.
     let dead_letters = sless_controller::dead_letters::DeadLetters::new(dead_letter_store.clone());
@@ -735,6 +741,38 @@ async fn build(args: ServeArgs) -> Result<Server> {
         executor.clone(),
         controller.clone(),
     );
+    // Namespaces in the trash past their retention go for good, and their code with
+    // them at the next collection.
+    let trash_retention = {
+        let trash_store = trash_store.clone();
+        let collector = collector.clone();
+        sless_records::spawn_pruning(
+            "the namespace trash",
+            Retention {
+                max_age: Duration::from_secs(args.trash_retention_hours.saturating_mul(3600)),
+                max_count: 0,
+                ..Retention::default()
+            },
+            move |max_age, _| {
+                let trash_store = trash_store.clone();
+                let collector = collector.clone();
+                Box::pin(async move {
+                    let purged = trash_store
+                        .purge_trash(sless_store::trash::purge_cutoff(max_age))
+                        .await
+                        .map_err(sless_records::SinkError::new)?;
+                    if purged > 0 {
+                        tracing::info!(
+                            namespaces = purged,
+                            "deleted namespaces past the trash's retention for good"
+                        );
+                        collector.nudge();
+                    }
+                    Ok(purged)
+                })
+            },
+        )
+    };
     let jobs = Jobs::new(
         job_store.clone(),
         blobs.clone(),
@@ -859,6 +897,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
         redrive,
         devices: devices.clone(),
         device_store,
+        trash: trash_store,
     });
     let devices_handle = devices;
     let gateway = sless_gateway::Gateway {
@@ -911,6 +950,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
                 audit_retention.abort_handle(),
                 call_retention.abort_handle(),
                 telemetry_retention.abort_handle(),
+                trash_retention.abort_handle(),
             ],
         },
         shutdown,

@@ -1,4 +1,4 @@
-//! Tenancy subcommands: `ns create|ls|rm`, `token create|ls|rm|rotate-admin`, `whoami`.
+//! Tenancy subcommands: `ns create|ls|rm|restore`, `token create|ls|rm|rotate-admin`, `whoami`.
 
 use std::process::ExitCode;
 
@@ -22,16 +22,26 @@ pub enum NsCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Delete a namespace; it must be empty unless --force.
+    /// Delete a namespace; it must be empty unless --force, which moves it with
+    /// everything in it to the server's trash (see `sless ns restore`).
     #[command(
-        after_help = "Examples:\n  sless ns rm team-a\n  sless ns rm team-a --force   # also deletes its functions"
+        after_help = "Examples:\n  sless ns rm team-a\n  sless ns rm team-a --force   # with its functions, devices, secrets...: to the trash"
     )]
     Rm {
         /// Namespace to delete.
         name: String,
-        /// Delete everything in it too.
+        /// Delete everything in it too (kept in the trash for the server's
+        /// --trash-retention-hours, 72 by default).
         #[arg(long)]
         force: bool,
+    },
+    /// Bring back a namespace deleted with --force, whole (needs an admin token):
+    /// functions and their code, triggers, jobs, secrets, devices and their
+    /// credentials, telemetry, calls, dead letters, records, tokens and quotas.
+    #[command(after_help = "Example:\n  sless ns restore team-a")]
+    Restore {
+        /// Namespace to restore (the one deleted last under this name).
+        name: String,
     },
 }
 
@@ -74,7 +84,26 @@ pub async fn ns(ctx: &Ctx, command: NsCommand) -> anyhow::Result<ExitCode> {
                 .delete_namespace(&name, force)
                 .await
                 .with_context(|| format!("cannot delete namespace {name}"))?;
-            println!("deleted namespace {name}");
+            if force {
+                println!(
+                    "moved namespace {name} and everything in it to the trash; \
+                     `sless ns restore {name}` brings it back (until the server's \
+                     --trash-retention-hours, 72 by default, have passed)"
+                );
+            } else {
+                println!("deleted namespace {name}");
+            }
+        }
+        NsCommand::Restore { name } => {
+            let restored = ctx
+                .client
+                .restore_namespace(&name)
+                .await
+                .with_context(|| format!("cannot restore namespace {name}"))?;
+            println!(
+                "restored namespace {} ({} functions)",
+                restored.name, restored.usage.functions
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

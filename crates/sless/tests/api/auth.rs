@@ -19,6 +19,7 @@ fn endpoints() -> Vec<Req> {
         Req::new(Method::PUT, ns),
         Req::get(ns),
         Req::delete(&format!("{ns}?force=true")),
+        Req::new(Method::POST, &format!("{ns}/restore")),
         Req::get(&format!("{ns}/functions")),
         Req::json(
             Method::POST,

@@ -17,3 +17,4 @@ mod namespaces;
 mod objects;
 mod openapi;
 mod serving;
+mod trash;

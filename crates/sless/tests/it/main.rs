@@ -28,6 +28,7 @@ mod invoke;
 mod jobs;
 mod jwt;
 mod lifecycle;
+mod namespace_trash;
 mod queue_amqp;
 mod queue_harness;
 #[cfg(feature = "kafka")]
