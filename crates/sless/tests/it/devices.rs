@@ -640,3 +640,44 @@ async fn the_command_line_creates_a_device_reads_its_telemetry_and_cuts_it_off()
     let out = sless(&server, &["device", "get", "cli-dev"]).await;
     assert!(!out.status.success());
 }
+
+#[tokio::test]
+async fn mqtt_5_devices_are_served_and_refused_alike() {
+    let server = server().await;
+    let c = creds(&create(&server, "default", "v5").await);
+    let port = c.port.to_string();
+    let pub5 = |password: &str, topic: &str, message: &str| {
+        tokio::process::Command::new("mosquitto_pub")
+            .args([
+                "-V",
+                "5",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-u",
+                &c.username,
+                "-P",
+                password,
+            ])
+            .args(["-q", "1", "-t", topic, "-m", message])
+            .output()
+    };
+    let ok = pub5(&c.password, "default/telemetry/v5", r#"{"proto": 5}"#)
+        .await
+        .expect("runs");
+    assert!(ok.status.success(), "{ok:?}");
+    // MQTT 5 tells the device its publish was refused (PUBACK reason "not authorized").
+    let denied = pub5(&c.password, "default/telemetry/other", "denied")
+        .await
+        .expect("runs");
+    let said = String::from_utf8_lossy(&denied.stderr).to_lowercase();
+    assert!(said.contains("not authorized"), "{denied:?}");
+    let refused = pub5("wrong", "default/telemetry/v5", "x")
+        .await
+        .expect("runs");
+    assert!(!refused.status.success(), "{refused:?}");
+    let items = telemetry(&server, "default", "v5", 1).await;
+    assert_eq!(items.len(), 1, "{items:?}");
+    assert_eq!(items[0]["payload"], json!({"proto": 5}));
+}
