@@ -24,6 +24,8 @@ command -v perl >/dev/null || need_apt+=(perl)
 # plugin, and mosquitto_pub/_sub to try it.
 [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null || need_apt+=(mosquitto)
 command -v mosquitto_pub >/dev/null || need_apt+=(mosquitto-clients)
+# The Terraform provider compiles Terraform's plugin protocol with protoc.
+command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing ${need_apt[*]}"
   apt-get update -qq
@@ -33,4 +35,6 @@ fi
 echo "==> building sless"
 cargo build --release --locked -p sless --features kafka
 install -m 0755 target/release/sless /usr/local/bin/sless
-echo "==> installed /usr/local/bin/sless; start it with: sless serve"
+# The Terraform provider (docs/terraform.md says how to point Terraform at it).
+install -m 0755 target/release/terraform-provider-sless /usr/local/bin/terraform-provider-sless
+echo "==> installed /usr/local/bin/sless and /usr/local/bin/terraform-provider-sless; start sless with: sless serve"

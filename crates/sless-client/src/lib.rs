@@ -4,6 +4,7 @@
 //! `code` and `message`, so callers can show users what the server said. The one exception
 //! is [`Client::invoke`]: a function's answer is data, whatever its status.
 
+pub mod archive;
 mod error;
 mod types;
 

@@ -41,5 +41,6 @@ mod records;
 mod sandbox;
 mod scaling;
 mod secrets;
+mod terraform;
 mod tls;
 mod triggers;

@@ -1,0 +1,4 @@
+exports.handle = async (event) => ({
+  service: "api",
+  path: event.path || "/",
+});
