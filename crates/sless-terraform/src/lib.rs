@@ -102,8 +102,10 @@ impl Provider for SlessProvider {
                 Some(())
             }
             Err(err) => {
-                diags.error_short(
+                resource::error_at(
+                    diags,
                     format!("endpoint {endpoint:?}: {err}"),
+                    String::new(),
                     tf_provider::AttributePath::new("endpoint"),
                 );
                 None

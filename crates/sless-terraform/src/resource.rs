@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use async_trait::async_trait;
 use tf_provider::schema::Schema;
 use tf_provider::value::{ValueAny, ValueEmpty};
-use tf_provider::{AttributePath, DataSource, Diagnostics, Resource};
+use tf_provider::{AttributePath, DataSource, Diagnostic, Diagnostics, Resource};
 
 use crate::schema::{self, Def};
 use crate::value::{Obj, get, str_of, string};
@@ -108,12 +108,46 @@ pub fn is_not_found(err: &sless_client::ClientError) -> bool {
     err.status() == Some(404)
 }
 
+/// A read's answer: the object, `None` when the server says 404, else the error with
+/// `what` (e.g. "cannot read function ns/f") as its context.
+pub fn found<T>(
+    result: Result<T, sless_client::ClientError>,
+    what: String,
+) -> anyhow::Result<Option<T>> {
+    match result {
+        Ok(v) => Ok(Some(v)),
+        Err(err) if is_not_found(&err) => Ok(None),
+        Err(err) => Err(anyhow::Error::new(err).context(what)),
+    }
+}
+
+/// A delete's answer: already gone (404) is done too.
+pub fn deleted(result: Result<(), sless_client::ClientError>, what: String) -> anyhow::Result<()> {
+    found(result, what).map(|_| ())
+}
+
 /// Reports `err` (with its causes as the detail) as an error diagnostic.
 pub fn report(diags: &mut Diagnostics, err: &anyhow::Error) {
     let mut chain = err.chain();
     let summary = chain.next().map(|e| e.to_string()).unwrap_or_default();
     let detail: Vec<String> = chain.map(|e| e.to_string()).collect();
-    diags.root_error(summary, detail.join("\n"));
+    error_at(diags, summary, detail.join("\n"), AttributePath::root());
+}
+
+/// Adds an error diagnostic. Built directly rather than with `Diagnostics::error`, which
+/// appends a Rust backtrace to the detail whenever `RUST_BACKTRACE` is set: users would see
+/// the provider's stack under every error.
+pub fn error_at(
+    diags: &mut Diagnostics,
+    summary: String,
+    detail: String,
+    attribute: AttributePath,
+) {
+    diags.add_error(Diagnostic {
+        summary: summary.into(),
+        detail: detail.into(),
+        attribute,
+    });
 }
 
 fn as_obj(v: ValueAny) -> Obj {
@@ -130,6 +164,13 @@ pub struct Adapter<R> {
 }
 
 impl<R: SlessResource> Adapter<R> {
+    /// The state after a create or update: the plan with its unknowns taken from what the
+    /// API answered.
+    fn applied(&self, planned: &Obj, fresh: &mut Obj) -> ValueAny {
+        schema::normalize(self.inner.def(), Some(planned), fresh);
+        ValueAny::Map(schema::finalize(planned, fresh))
+    }
+
     fn plan(&self, prior: Option<&Obj>, config: &Obj) -> anyhow::Result<(Obj, Vec<AttributePath>)> {
         let def = self.inner.def();
         let (mut planned, mut replace) = schema::plan(def, prior, config);
@@ -166,8 +207,12 @@ impl<R: SlessResource> Resource for Adapter<R> {
     }
 
     async fn validate<'a>(&self, diags: &mut Diagnostics, config: ValueAny) -> Option<()> {
-        for (attr, msg) in self.inner.validate(&as_obj(config)) {
-            diags.error_short(msg, AttributePath::new(attr));
+        let config = as_obj(config);
+        for (path, msg) in schema::invalid_json(self.inner.def(), &config) {
+            error_at(diags, msg, String::new(), path);
+        }
+        for (attr, msg) in self.inner.validate(&config) {
+            error_at(diags, msg, String::new(), AttributePath::new(attr));
         }
         Some(())
     }
@@ -258,13 +303,7 @@ impl<R: SlessResource> Resource for Adapter<R> {
         }
         .await;
         match result {
-            Ok(mut fresh) => {
-                schema::normalize(self.inner.def(), Some(&planned), &mut fresh);
-                Some((
-                    ValueAny::Map(schema::finalize(&planned, &fresh)),
-                    ValueEmpty::Null,
-                ))
-            }
+            Ok(mut fresh) => Some((self.applied(&planned, &mut fresh), ValueEmpty::Null)),
             Err(err) => {
                 report(diags, &err);
                 None
@@ -289,13 +328,7 @@ impl<R: SlessResource> Resource for Adapter<R> {
         }
         .await;
         match result {
-            Ok(mut fresh) => {
-                schema::normalize(self.inner.def(), Some(&planned), &mut fresh);
-                Some((
-                    ValueAny::Map(schema::finalize(&planned, &fresh)),
-                    ValueEmpty::Null,
-                ))
-            }
+            Ok(mut fresh) => Some((self.applied(&planned, &mut fresh), ValueEmpty::Null)),
             Err(err) => {
                 // The prior state stays: the next apply plans the same change again.
                 report(diags, &err);

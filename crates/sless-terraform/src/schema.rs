@@ -467,6 +467,46 @@ pub fn finalize(planned: &Obj, fresh: &Obj) -> Obj {
 #[cfg(test)]
 mod tests;
 
+/// The JSON attributes of `config` (top level and in blocks) whose known value does not
+/// parse, with the error to show at each.
+pub fn invalid_json(def: &Def, config: &Obj) -> Vec<(AttributePath, String)> {
+    fn check(
+        attrs: &[Attr],
+        obj: &Obj,
+        path: AttributePath,
+        out: &mut Vec<(AttributePath, String)>,
+    ) {
+        for a in attrs.iter().filter(|a| a.ty == Ty::Json) {
+            if let ValueAny::String(s) = get(obj, a.name)
+                && let Err(err) = serde_json::from_str::<serde_json::Value>(s)
+            {
+                out.push((
+                    path.clone().attribute(a.name),
+                    format!(
+                        "{} is not JSON ({err}); write it with jsonencode(...)",
+                        a.name
+                    ),
+                ));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    check(&def.attrs, config, AttributePath::root(), &mut out);
+    for b in &def.blocks {
+        for (i, elem) in elements(get(config, b.name)).into_iter().enumerate() {
+            if let Some(elem) = elem {
+                check(
+                    &b.attrs,
+                    elem,
+                    AttributePath::new(b.name).index(i as i64),
+                    &mut out,
+                );
+            }
+        }
+    }
+    out
+}
+
 fn type_name(ty: Ty) -> &'static str {
     match ty {
         Ty::Str => "string",

@@ -6,7 +6,7 @@ use serde_json::json;
 use sless_client::Device;
 use tf_provider::value::ValueAny;
 
-use crate::resource::{Ctx, SlessResource, is_not_found, ns_name, object_id};
+use crate::resource::{Ctx, SlessResource, deleted, found, ns_name, object_id};
 use crate::schema::{Attr, Def, Preset, Ty};
 use crate::value::{Obj, bool_of, get, map_of, opt_string, string, string_map};
 
@@ -83,14 +83,12 @@ impl SlessResource for DeviceResource {
 
     async fn read(&self, ctx: &Ctx, st: &Obj) -> anyhow::Result<Option<Obj>> {
         let (ns, name) = ns_name(st)?;
-        match ctx.client.get_device(ns, name).await {
-            // The password is never read back: the state keeps the one it has.
-            Ok(d) => Ok(Some(device_state(&d, get(st, "password").clone()))),
-            Err(err) if is_not_found(&err) => Ok(None),
-            Err(err) => {
-                Err(anyhow::Error::new(err).context(format!("cannot read device {ns}/{name}")))
-            }
-        }
+        // The password is never read back: the state keeps the one it has.
+        Ok(found(
+            ctx.client.get_device(ns, name).await,
+            format!("cannot read device {ns}/{name}"),
+        )?
+        .map(|d| device_state(&d, get(st, "password").clone())))
     }
 
     async fn create(&self, ctx: &Ctx, planned: &Obj) -> anyhow::Result<Obj> {
@@ -138,13 +136,9 @@ impl SlessResource for DeviceResource {
 
     async fn delete(&self, ctx: &Ctx, st: &Obj) -> anyhow::Result<()> {
         let (ns, name) = ns_name(st)?;
-        match ctx.client.delete_device(ns, name).await {
-            Ok(()) => Ok(()),
-            Err(err) if is_not_found(&err) => Ok(()),
-            Err(err) => {
-                Err(anyhow::Error::new(err)
-                    .context(format!("cannot delete device {}", object_id(st))))
-            }
-        }
+        deleted(
+            ctx.client.delete_device(ns, name).await,
+            format!("cannot delete device {}", object_id(st)),
+        )
     }
 }

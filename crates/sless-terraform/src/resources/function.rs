@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use sless_client::{Function, FunctionPhase};
 use tf_provider::value::ValueAny;
 
-use crate::resource::{Ctx, SlessDataSource, SlessResource, is_not_found, ns_name, object_id};
+use crate::resource::{Ctx, SlessDataSource, SlessResource, deleted, found, ns_name, object_id};
 use crate::schema::{self, Attr, BlockDef, Def, Mode, Preset, Ty};
 use crate::value::{
     Obj, block, block_of, from_json, get, map_of, num_of, str_of, string, string_map,
@@ -128,6 +128,15 @@ pub fn code_bytes(planned: &Obj) -> anyhow::Result<Option<Vec<u8>>> {
         return Ok(Some(bytes));
     }
     Ok(None)
+}
+
+/// The archive to upload: the one `planned` names, when its hash differs from the prior
+/// state's (always on create).
+pub fn changed_code(prior: Option<&Obj>, planned: &Obj) -> anyhow::Result<Option<Vec<u8>>> {
+    if prior.is_some_and(|p| get(p, "code_sha256") == get(planned, "code_sha256")) {
+        return Ok(None);
+    }
+    code_bytes(planned)
 }
 
 /// Plans `code_sha256`: the hash of the archive the configuration names (unknown while its
@@ -434,8 +443,7 @@ impl FunctionResource {
         planned: &Obj,
         mut revision: u64,
     ) -> anyhow::Result<Function> {
-        let new_code = prior.is_none_or(|p| get(p, "code_sha256") != get(planned, "code_sha256"));
-        if new_code && let Some(bytes) = code_bytes(planned)? {
+        if let Some(bytes) = changed_code(prior, planned)? {
             let up = ctx
                 .client
                 .upload_code(ns, name, bytes)
@@ -515,13 +523,11 @@ impl SlessResource for FunctionResource {
 
     async fn read(&self, ctx: &Ctx, st: &Obj) -> anyhow::Result<Option<Obj>> {
         let (ns, name) = ns_name(st)?;
-        match ctx.client.get_function(ns, name).await {
-            Ok(f) => Ok(Some(function_state(&self.def, &f))),
-            Err(err) if is_not_found(&err) => Ok(None),
-            Err(err) => {
-                Err(anyhow::Error::new(err).context(format!("cannot read function {ns}/{name}")))
-            }
-        }
+        Ok(found(
+            ctx.client.get_function(ns, name).await,
+            format!("cannot read function {ns}/{name}"),
+        )?
+        .map(|f| function_state(&self.def, &f)))
     }
 
     async fn create(&self, ctx: &Ctx, planned: &Obj) -> anyhow::Result<Obj> {
@@ -578,12 +584,10 @@ impl SlessResource for FunctionResource {
 
     async fn delete(&self, ctx: &Ctx, st: &Obj) -> anyhow::Result<()> {
         let (ns, name) = ns_name(st)?;
-        match ctx.client.delete_function(ns, name).await {
-            Ok(()) => Ok(()),
-            Err(err) if is_not_found(&err) => Ok(()),
-            Err(err) => Err(anyhow::Error::new(err)
-                .context(format!("cannot delete function {}", object_id(st)))),
-        }
+        deleted(
+            ctx.client.delete_function(ns, name).await,
+            format!("cannot delete function {}", object_id(st)),
+        )
     }
 }
 

@@ -8,8 +8,8 @@ use serde_json::{Map, Value as Json, json};
 use sless_client::{Job, JobPhase};
 use tf_provider::value::ValueAny;
 
-use super::function::{code_attrs, code_bytes, env_json, env_state, plan_code};
-use crate::resource::{Ctx, SlessResource, is_not_found, ns_name, object_id};
+use super::function::{changed_code, code_attrs, env_json, env_state, plan_code};
+use crate::resource::{Ctx, SlessResource, deleted, found, ns_name, object_id};
 use crate::schema::{self, Attr, Def, Preset, Ty};
 use crate::value::{Obj, bool_of, from_json, get, num_of, opt_string, str_of, string};
 
@@ -148,8 +148,7 @@ impl JobResource {
         prior: Option<&Obj>,
         planned: &Obj,
     ) -> anyhow::Result<Job> {
-        let new_code = prior.is_none_or(|p| get(p, "code_sha256") != get(planned, "code_sha256"));
-        if new_code && let Some(bytes) = code_bytes(planned)? {
+        if let Some(bytes) = changed_code(prior, planned)? {
             ctx.client
                 .upload_job_code(ns, name, bytes)
                 .await
@@ -217,13 +216,11 @@ impl SlessResource for JobResource {
 
     async fn read(&self, ctx: &Ctx, st: &Obj) -> anyhow::Result<Option<Obj>> {
         let (ns, name) = ns_name(st)?;
-        match ctx.client.get_job(ns, name, None).await {
-            Ok(j) => Ok(Some(job_state(&j))),
-            Err(err) if is_not_found(&err) => Ok(None),
-            Err(err) => {
-                Err(anyhow::Error::new(err).context(format!("cannot read job {ns}/{name}")))
-            }
-        }
+        Ok(found(
+            ctx.client.get_job(ns, name, None).await,
+            format!("cannot read job {ns}/{name}"),
+        )?
+        .map(|j| job_state(&j)))
     }
 
     async fn create(&self, ctx: &Ctx, planned: &Obj) -> anyhow::Result<Obj> {
@@ -268,12 +265,9 @@ impl SlessResource for JobResource {
 
     async fn delete(&self, ctx: &Ctx, st: &Obj) -> anyhow::Result<()> {
         let (ns, name) = ns_name(st)?;
-        match ctx.client.delete_job(ns, name).await {
-            Ok(()) => Ok(()),
-            Err(err) if is_not_found(&err) => Ok(()),
-            Err(err) => {
-                Err(anyhow::Error::new(err).context(format!("cannot delete job {}", object_id(st))))
-            }
-        }
+        deleted(
+            ctx.client.delete_job(ns, name).await,
+            format!("cannot delete job {}", object_id(st)),
+        )
     }
 }

@@ -6,7 +6,7 @@ use anyhow::{Context, bail};
 use async_trait::async_trait;
 use sless_client::Secret;
 
-use crate::resource::{Ctx, SlessResource, is_not_found, ns_name, object_id};
+use crate::resource::{Ctx, SlessResource, deleted, found, ns_name, object_id};
 use crate::schema::{Attr, Def, Ty};
 use crate::value::{Obj, map_of, string, string_map};
 
@@ -37,13 +37,11 @@ impl Default for SecretResource {
 }
 
 async fn find(ctx: &Ctx, ns: &str, name: &str) -> anyhow::Result<Option<Secret>> {
-    match ctx.client.list_secrets(ns).await {
-        Ok(all) => Ok(all.into_iter().find(|s| s.name == name)),
-        Err(err) if is_not_found(&err) => Ok(None),
-        Err(err) => {
-            Err(anyhow::Error::new(err).context(format!("cannot list the secrets of {ns}")))
-        }
-    }
+    let all = found(
+        ctx.client.list_secrets(ns).await,
+        format!("cannot list the secrets of {ns}"),
+    )?;
+    Ok(all.and_then(|all| all.into_iter().find(|s| s.name == name)))
 }
 
 fn state(ns: &str, name: &str, data: &BTreeMap<String, String>) -> Obj {
@@ -102,13 +100,9 @@ impl SlessResource for SecretResource {
 
     async fn delete(&self, ctx: &Ctx, st: &Obj) -> anyhow::Result<()> {
         let (ns, name) = ns_name(st)?;
-        match ctx.client.delete_secret(ns, name).await {
-            Ok(()) => Ok(()),
-            Err(err) if is_not_found(&err) => Ok(()),
-            Err(err) => {
-                Err(anyhow::Error::new(err)
-                    .context(format!("cannot delete secret {}", object_id(st))))
-            }
-        }
+        deleted(
+            ctx.client.delete_secret(ns, name).await,
+            format!("cannot delete secret {}", object_id(st)),
+        )
     }
 }

@@ -7,7 +7,7 @@ use sless_client::Trigger;
 use tf_provider::value::ValueAny;
 
 use super::function::{delivery_block, delivery_json, delivery_state};
-use crate::resource::{Ctx, SlessResource, is_not_found, ns_name, object_id};
+use crate::resource::{Ctx, SlessResource, deleted, found, ns_name, object_id};
 use crate::schema::{Attr, BlockDef, Def, Preset, Ty};
 use crate::value::{
     Obj, block, block_of, bool_of, from_json, get, list_of, num_of, opt_string, str_of, string,
@@ -303,13 +303,11 @@ impl SlessResource for TriggerResource {
 
     async fn read(&self, ctx: &Ctx, st: &Obj) -> anyhow::Result<Option<Obj>> {
         let (ns, name) = ns_name(st)?;
-        match ctx.client.get_trigger(ns, name).await {
-            Ok(t) => Ok(Some(trigger_state(&t, Some(st)))),
-            Err(err) if is_not_found(&err) => Ok(None),
-            Err(err) => {
-                Err(anyhow::Error::new(err).context(format!("cannot read trigger {ns}/{name}")))
-            }
-        }
+        Ok(found(
+            ctx.client.get_trigger(ns, name).await,
+            format!("cannot read trigger {ns}/{name}"),
+        )?
+        .map(|t| trigger_state(&t, Some(st))))
     }
 
     async fn create(&self, ctx: &Ctx, planned: &Obj) -> anyhow::Result<Obj> {
@@ -337,13 +335,9 @@ impl SlessResource for TriggerResource {
 
     async fn delete(&self, ctx: &Ctx, st: &Obj) -> anyhow::Result<()> {
         let (ns, name) = ns_name(st)?;
-        match ctx.client.delete_trigger(ns, name).await {
-            Ok(()) => Ok(()),
-            Err(err) if is_not_found(&err) => Ok(()),
-            Err(err) => {
-                Err(anyhow::Error::new(err)
-                    .context(format!("cannot delete trigger {}", object_id(st))))
-            }
-        }
+        deleted(
+            ctx.client.delete_trigger(ns, name).await,
+            format!("cannot delete trigger {}", object_id(st)),
+        )
     }
 }

@@ -180,3 +180,13 @@ fn the_schema_marks_constraints_and_sensitivity() {
     assert!(attrs["token"].sensitive);
     assert!(schema.block.blocks.contains_key("delivery"));
 }
+
+#[test]
+fn an_event_that_is_not_json_is_an_error_at_the_attribute() {
+    let config = obj(&[("name", string("f")), ("event", string("{nope"))]);
+    let errors = invalid_json(&def(), &config);
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].0, AttributePath::new("event"));
+    assert!(errors[0].1.contains("jsonencode"), "{}", errors[0].1);
+    assert!(invalid_json(&def(), &prior()).is_empty());
+}

@@ -80,6 +80,8 @@ impl Tf {
             .env("SLESS_SERVER", &self.server_url)
             .env("SLESS_TOKEN", TOKEN)
             .env_remove("SLESS_NAMESPACE")
+            // As many users have it set: errors must still read as messages, not stacks.
+            .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .output();
@@ -587,6 +589,11 @@ resource "sless_trigger" "route" {
         "the build error names the missing handler: {}",
         r.stderr
     );
+    assert!(
+        !r.stderr.contains("tf_provider::"),
+        "a stack in the error: {}",
+        r.stderr
+    );
     // Nothing is left behind on the server, and the trigger was never attempted.
     let err = server
         .client
@@ -616,4 +623,148 @@ resource "sless_trigger" "route" {
     tf.apply(&[]).await;
     let (status, body) = http_get(&format!("{}/fn/default/broken", server.url())).await;
     assert_eq!((status, body.as_str()), (200, "fixed again"));
+}
+
+const HEADER: &str = r#"
+terraform {
+  required_providers {
+    sless = { source = "sless/sless" }
+  }
+}
+"#;
+
+#[tokio::test]
+async fn bad_configuration_is_a_clear_error_and_creates_nothing() {
+    let server = Server::start().await;
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "two kinds in one trigger",
+            r#"resource "sless_trigger" "t" {
+  name     = "t"
+  function = "f"
+  http {
+    path = "/x"
+  }
+  cron {
+    schedule = "* * * * *"
+  }
+}"#,
+            "exactly one of the http, cron, queue and device blocks",
+        ),
+        (
+            "an event that is not JSON",
+            r#"resource "sless_job" "j" {
+  name     = "j"
+  function = "f"
+  event    = "{not json"
+}"#,
+            "event is not JSON",
+        ),
+        (
+            "a service without instances",
+            r#"resource "sless_service" "s" {
+  name          = "s"
+  runtime       = "python3"
+  source_dir    = "${path.module}/code"
+  min_instances = 0
+}"#,
+            "a service runs at least one instance",
+        ),
+        (
+            "a folder that is not there",
+            r#"resource "sless_function" "f" {
+  name       = "f"
+  runtime    = "python3"
+  source_dir = "${path.module}/missing"
+}"#,
+            "source_dir",
+        ),
+        (
+            "a function without code",
+            r#"resource "sless_function" "f" {
+  name    = "f"
+  runtime = "python3"
+}"#,
+            "source_dir or source_zip is required",
+        ),
+        (
+            "a secret reference that is not secret/key",
+            r#"resource "sless_function" "f" {
+  name       = "f"
+  runtime    = "python3"
+  source_dir = "${path.module}/code"
+  secret_env = { DSN = "db" }
+}"#,
+            "is not of the form secret/key",
+        ),
+    ];
+    for (what, config, needle) in cases {
+        let tf = Tf::new(&server, false);
+        tf.write("main.tf", &format!("{HEADER}{config}\n"));
+        tf.write("code/handler.py", "def handle(event):\n    return 1\n");
+        let r = tf.run(&["plan", "-no-color"]).await;
+        assert_ne!(r.code, 0, "{what}: plan succeeded:\n{}", r.stdout);
+        let said = r
+            .stderr
+            .replace('\n', " ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            said.contains(needle),
+            "{what}: {needle:?} not in: {}",
+            r.stderr
+        );
+    }
+
+    // What only the server can refuse fails the apply with the server's message.
+    let tf = Tf::new(&server, false);
+    tf.write(
+        "main.tf",
+        &format!(
+            "{HEADER}{}",
+            r#"resource "sless_function" "f" {
+  name       = "Not_A_Label"
+  runtime    = "python3"
+  source_dir = "${path.module}/code"
+}
+"#
+        ),
+    );
+    tf.write("code/handler.py", "def handle(event):\n    return 1\n");
+    let r = tf.run(&["apply", "-auto-approve", "-no-color"]).await;
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr
+            .contains("cannot create function default/Not_A_Label"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        server
+            .client
+            .list_functions("default")
+            .await
+            .expect("list")
+            .is_empty()
+    );
+
+    // A server that is not there is named.
+    let tf = Tf {
+        server_url: "http://127.0.0.1:1".into(),
+        ..Tf::new(&server, false)
+    };
+    tf.write(
+        "main.tf",
+        &format!(
+            "{HEADER}{}",
+            r#"data "sless_namespace" "d" {
+  name = "default"
+}
+"#
+        ),
+    );
+    let r = tf.run(&["plan", "-no-color"]).await;
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("127.0.0.1:1"), "{}", r.stderr);
 }
