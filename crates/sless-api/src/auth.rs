@@ -118,9 +118,11 @@ pub struct Tokens {
     touched: Mutex<lru::LruCache<String, Instant>>,
     cache: Mutex<TokenCache>,
     /// Failed authentications per client address (API and private functions alike).
-    limiter: AuthLimiter,
+    pub(crate) limiter: AuthLimiter,
     /// JWT sign-in, when configured.
     jwt: Option<Arc<JwtVerifier>>,
+    /// The web console's signed-in sessions (cookie → token).
+    pub(crate) sessions: crate::console::Sessions,
 }
 
 impl Tokens {
@@ -141,6 +143,7 @@ impl Tokens {
             cache: Mutex::new(TokenCache::default()),
             limiter,
             jwt: None,
+            sessions: crate::console::Sessions::default(),
         }
     }
 
@@ -486,7 +489,7 @@ impl AuthLimiter {
         f.count = f.count.saturating_add(1);
     }
 
-    fn too_many(retry_after: u64) -> ApiError {
+    pub(crate) fn too_many(retry_after: u64) -> ApiError {
         ApiError::TooManyRequests {
             message: format!(
                 "too many failed authentications from this address: retry in {retry_after} s"
@@ -535,17 +538,32 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        if !parts
+        let token = if parts
             .headers
             .contains_key(axum::http::header::AUTHORIZATION)
         {
+            sless_gateway::bearer_token(&parts.headers)
+                .ok_or_else(|| {
+                    ApiError::Unauthorized(
+                        "the Authorization header must be 'Bearer <token>'".into(),
+                    )
+                })?
+                .to_string()
+        } else if let Some(id) = crate::console::session_id(&parts.headers) {
+            // The web console: the session's token, and its csrf token on any change.
+            let (token, csrf) = state.tokens.sessions.get(&id).ok_or_else(|| {
+                ApiError::Unauthorized("the console session has ended; sign in again".into())
+            })?;
+            if !parts.method.is_safe() {
+                crate::console::check_csrf(&parts.headers, &csrf)?;
+            }
+            token
+        } else {
             return Err(ApiError::Unauthorized(
                 "missing Authorization: Bearer <token> header".into(),
             ));
-        }
-        let token = sless_gateway::bearer_token(&parts.headers).ok_or_else(|| {
-            ApiError::Unauthorized("the Authorization header must be 'Bearer <token>'".into())
-        })?;
+        };
+        let token = token.as_str();
         let peer = parts
             .extensions
             .get::<ConnectInfo<SocketAddr>>()

@@ -6,6 +6,7 @@
 mod audit;
 mod auth;
 pub mod calls;
+pub mod console;
 mod dead_letters;
 mod devices;
 mod error;
@@ -123,6 +124,7 @@ const MAX_JSON: usize = 1 << 20;
 pub fn router(state: AppState) -> Router {
     routes()
         .into_router()
+        .merge(console::router())
         .fallback(fallback)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
