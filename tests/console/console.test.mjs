@@ -9,6 +9,7 @@ import { join } from "node:path";
 const base = process.env.SLESS_URL;
 const admin = process.env.SLESS_TOKEN;
 const zip = process.env.HELLO_ZIP;
+const pickyZip = process.env.PICKY_ZIP;
 const shots = process.env.SHOT_DIR;
 
 async function api(method, path, body, token = admin) {
@@ -100,6 +101,8 @@ try {
   step = "a log line appears live";
   await page.waitForFunction(() => document.querySelector("#logs").textContent.includes("console-log-line"), null, { timeout: 30000 });
   await page.waitForSelector("#invocations td >> text=200");
+  await page.waitForSelector("#charts svg circle", { timeout: 30000 });
+  check((await page.$$("#charts svg")).length === 2, "the rate/errors and latency charts");
   await shot(page, "function");
 
   step = "toggle a trigger";
@@ -111,12 +114,106 @@ try {
   check((await api("GET", "/v1/namespaces/team-a/triggers/web")).enabled === false, "the API says the trigger is disabled");
   await shot(page, "triggers");
 
+  step = "create a cron trigger from the form";
+  await page.fill("#trigger-name", "nightly");
+  await page.fill("#trigger-function", "hello");
+  await page.selectOption("#trigger-type", "cron");
+  await page.fill("#trigger-schedule", "0 3 * * *");
+  await page.click("#new-trigger button[type=submit]");
+  await page.waitForSelector("button[data-trigger=nightly][aria-pressed=true]");
+  check((await api("GET", "/v1/namespaces/team-a/triggers/nightly")).schedule === "0 3 * * *", "the API has the cron trigger");
+
   step = "a change without the CSRF token is refused";
   const mark = errors.length;
   const status = await page.evaluate(async () => (await fetch("/v1/namespaces/team-a/triggers/web", {
     method: "PATCH", headers: { "Content-Type": "application/json" }, body: '{"enabled": true}' })).status);
   check(status === 403, `PATCH without the CSRF header answered ${status}`);
   expected(mark, "403");
+
+  step = "run a job and re-run it";
+  await api("POST", "/v1/namespaces/team-a/jobs", { name: "once", function: "hello", event: { name: "job" }, run_id: 0 });
+  await page.goto(base + "/console#/ns/team-a/jobs");
+  await page.waitForSelector("tr[data-job-row=once] >> text=Skipped");
+  await page.click("button[data-job=once]");
+  await page.waitForSelector("tr[data-job-row=once] >> text=Succeeded", { timeout: 60000 });
+  check((await page.textContent("tr[data-job-row=once] .outcome")).includes("hello, job"), "the job's result is shown");
+  await page.click("button[data-job=once]");
+  await page.waitForSelector("tr[data-job-row=once] td:nth-child(4) >> text=2", { timeout: 60000 });
+  await shot(page, "jobs");
+
+  step = "redrive a dead letter";
+  await api("POST", "/v1/namespaces/team-a/functions", { name: "picky", runtime: "python3", env: { FAIL: "1" } });
+  let r = await fetch(`${base}/v1/namespaces/team-a/functions/picky/code`, {
+    method: "PUT", headers: { Authorization: `Bearer ${admin}`, "Content-Type": "application/zip" },
+    body: (await import("node:fs")).readFileSync(pickyZip) });
+  check(r.status === 202, `upload answered ${r.status}`);
+  for (let i = 0; i < 300; i++) {
+    const f = await api("GET", "/v1/namespaces/team-a/functions/picky");
+    if (f.status.phase === "Ready") break;
+    await new Promise((res) => setTimeout(res, 200));
+  }
+  r = await fetch(`${base}/async/team-a/picky`, { method: "POST", body: "{}" });
+  check(r.status === 202, `async call answered ${r.status}`);
+  await page.goto(base + "/console#/ns/team-a/events");
+  await page.waitForSelector("tr[data-dead-letter]", { timeout: 60000 });
+  await shot(page, "events");
+  const f = await api("PATCH", "/v1/namespaces/team-a/functions/picky", { env: { FAIL: "0" } });
+  for (let i = 0; i < 300; i++) {
+    const g = await api("GET", "/v1/namespaces/team-a/functions/picky");
+    if (g.status.phase === "Ready" && g.status.revision >= f.status.revision) break;
+    await new Promise((res) => setTimeout(res, 200));
+  }
+  await page.click("tr[data-dead-letter] button.redrive");
+  await page.waitForSelector("#dead-letters >> text=No dead letters.", { timeout: 60000 });
+  check((await api("GET", "/v1/namespaces/team-a/dead-letters")).items.length === 0, "the API has no dead letters left");
+
+  step = "set a secret: its value is never shown";
+  await page.goto(base + "/console#/ns/team-a/secrets");
+  await page.waitForSelector("text=No secrets here yet.");
+  await page.fill("#secret-name", "db");
+  await page.fill("#secret-key", "dsn");
+  await page.fill("#secret-value", "s3cr3t-value");
+  await page.click("#set-secret button[type=submit]");
+  await page.waitForSelector("tr[data-secret=db] >> text=dsn");
+  check(!(await page.content()).includes("s3cr3t-value"), "the secret's value is not in the page");
+  await shot(page, "secrets");
+
+  step = "create a device and see its credentials once";
+  await page.goto(base + "/console#/ns/team-a/devices");
+  await page.waitForSelector("text=No devices here yet.");
+  await page.fill("#device-name", "t1");
+  await page.click("#new-device button[type=submit]");
+  await page.waitForSelector("#credentials #device-password");
+  const password = (await page.textContent("#device-password")).trim();
+  check(password.length >= 16, "a password is shown");
+  await shot(page, "device");
+
+  step = "publish with the emulator and see the telemetry row appear";
+  await page.click("#emu-start");
+  await page.waitForFunction(() => document.querySelector("#emu-state").textContent.startsWith("publishing"), null, { timeout: 30000 });
+  // The emulator keeps publishing while the user is elsewhere in the console.
+  await page.goto(base + "/console#/ns/team-a");
+  await page.waitForSelector("#emulator-badge:not([hidden])");
+  for (let i = 0; i < 100; i++) {
+    const t = await api("GET", "/v1/namespaces/team-a/devices/t1/telemetry");
+    if (t.items.length >= 3) break;
+    await new Promise((res) => setTimeout(res, 300));
+  }
+  await page.goto(base + "/console#/ns/team-a/devices/t1");
+  await page.waitForSelector("#telemetry .telemetry-row");
+  check((await page.textContent("#telemetry")).includes("temperature"), "a telemetry row shows the reading");
+  check(await page.$("#credentials") === null, "the credentials are not shown again");
+  check(!(await page.content()).includes(password), "the password is not in the page any more");
+  await page.click("#emu-stop");
+
+  step = "disable the device";
+  await page.click("#device-enable");
+  await page.waitForSelector("#device-status dd >> text=no");
+  check((await api("GET", "/v1/namespaces/team-a/devices/t1")).enabled === false, "the API says the device is disabled");
+
+  step = "send a command";
+  await page.click("#send-command button[type=submit]");
+  await page.waitForSelector("#toast >> text=Command sent");
 
   step = "the function list with 200 functions";
   await api("PUT", "/v1/namespaces/many");

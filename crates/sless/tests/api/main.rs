@@ -10,6 +10,7 @@
 mod auth;
 mod calls;
 mod concurrency;
+mod console;
 mod functions;
 mod harness;
 mod job_wait;

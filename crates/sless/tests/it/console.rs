@@ -9,9 +9,17 @@ use crate::harness::{Server, TOKEN, repo_path, zip};
 
 const HELLO: &str = "def handle(event):
     print('console-log-line', flush=True)
-    body = event.get('body') if isinstance(event, dict) else None
+    body = event.get('body', event) if isinstance(event, dict) else None
     name = body.get('name', 'world') if isinstance(body, dict) else 'world'
     return {'message': f'hello, {name}'}
+";
+
+const PICKY: &str = "import os
+
+def handle(event):
+    if os.environ.get('FAIL') == '1':
+        return {'statusCode': 400, 'body': 'refused'}
+    return 'accepted'
 ";
 
 #[tokio::test]
@@ -21,10 +29,18 @@ async fn the_console_works_in_a_real_browser() {
         dir.join("node_modules/playwright-core").exists(),
         "playwright-core is not installed: run npm ci --prefix tests/console"
     );
-    let server = Server::start().await;
+    let server = Server::start_with(&[
+        "--mqtt-listen",
+        "127.0.0.1:0",
+        "--mqtt-ws-listen",
+        "127.0.0.1:0",
+    ])
+    .await;
     let tmp = tempfile::tempdir().expect("tempdir");
     let zip_path = tmp.path().join("hello.zip");
     std::fs::write(&zip_path, zip(&[("handler.py", HELLO)])).expect("zip");
+    let picky_path = tmp.path().join("picky.zip");
+    std::fs::write(&picky_path, zip(&[("handler.py", PICKY)])).expect("zip");
     let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console");
     std::fs::create_dir_all(&shots).expect("shots dir");
     let run = tokio::process::Command::new("node")
@@ -32,6 +48,7 @@ async fn the_console_works_in_a_real_browser() {
         .env("SLESS_URL", server.url())
         .env("SLESS_TOKEN", TOKEN)
         .env("HELLO_ZIP", &zip_path)
+        .env("PICKY_ZIP", &picky_path)
         .env("SHOT_DIR", &shots)
         .stdin(Stdio::null())
         .kill_on_drop(true)
