@@ -15,7 +15,7 @@ use crate::{ApiError, AppState};
 #[derive(Debug)]
 pub struct Storage {
     data_dir: PathBuf,
-    db_path: PathBuf,
+    db_path: Option<PathBuf>,
     /// The database file as the server opened it. Holding it open keeps its inode
     /// from being reused, so a file created later under the same name is told apart.
     db_file: Option<std::fs::File>,
@@ -38,9 +38,10 @@ pub enum StorageProblem {
 }
 
 impl Storage {
-    /// Opens `db_path` to remember which file it is now; `min_free` bytes must stay free in `data_dir`.
-    pub fn new(data_dir: PathBuf, db_path: PathBuf, min_free: u64) -> Storage {
-        let db_file = std::fs::File::open(&db_path).ok();
+    /// Opens `db_path` (a SQLite store's file; `None` for a database elsewhere) to
+    /// remember which file it is now; `min_free` bytes must stay free in `data_dir`.
+    pub fn new(data_dir: PathBuf, db_path: Option<PathBuf>, min_free: u64) -> Storage {
+        let db_file = db_path.as_ref().and_then(|p| std::fs::File::open(p).ok());
         Storage {
             data_dir,
             db_path,
@@ -51,8 +52,8 @@ impl Storage {
 
     /// The first problem found, if any (two `stat`s and a `statvfs`: cheap enough per write).
     pub fn problem(&self) -> Option<StorageProblem> {
-        if let Some(file) = &self.db_file {
-            let same = match (file.metadata(), std::fs::metadata(&self.db_path)) {
+        if let (Some(file), Some(path)) = (&self.db_file, &self.db_path) {
+            let same = match (file.metadata(), std::fs::metadata(path)) {
                 (Ok(a), Ok(b)) => a.nlink() > 0 && (a.dev(), a.ino()) == (b.dev(), b.ino()),
                 _ => false,
             };
@@ -125,7 +126,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("sless.db");
         std::fs::write(&db, "a").unwrap();
-        let storage = Storage::new(dir.path().to_path_buf(), db.clone(), 0);
+        let storage = Storage::new(dir.path().to_path_buf(), Some(db.clone()), 0);
         assert_eq!(storage.problem(), None);
         std::fs::remove_file(&db).unwrap();
         assert_eq!(storage.problem(), Some(StorageProblem::StoreGone));
@@ -135,7 +136,7 @@ mod tests {
             Some(StorageProblem::StoreGone),
             "a new file is not the store"
         );
-        let huge = Storage::new(dir.path().to_path_buf(), db, u64::MAX);
+        let huge = Storage::new(dir.path().to_path_buf(), Some(db), u64::MAX);
         assert!(matches!(huge.problem(), Some(StorageProblem::Full { .. })));
     }
 }

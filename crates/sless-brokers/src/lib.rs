@@ -1,4 +1,4 @@
-//! Real message brokers for tests, started as processes from the Debian packages on
+//! Real message brokers (and PostgreSQL) for tests, started as processes from the Debian packages on
 //! free loopback ports, each with its own temporary data directory, and stopped by
 //! pid when dropped. Start a slow broker (RabbitMQ takes ~13 s) once per test binary.
 //!
@@ -15,9 +15,11 @@ use std::net::TcpListener;
 
 mod group;
 pub mod nats;
+pub mod postgres;
 pub mod rabbitmq;
 
 pub use nats::Nats;
+pub use postgres::Postgres;
 pub use rabbitmq::RabbitMq;
 
 /// A free TCP port on 127.0.0.1 (bound, then released for the broker to take).

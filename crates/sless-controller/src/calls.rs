@@ -768,7 +768,7 @@ async fn post_callback(
 mod tests {
     use super::*;
     use sless_core::Quota;
-    use sless_store::{DeadLetterStore, SqliteStore};
+    use sless_store::{DeadLetterStore, SqlStore};
     use sless_triggers::{FireOutcome, FireRequest};
 
     /// Answers fires with the scripted statuses (then 200), remembering each request.
@@ -797,12 +797,8 @@ mod tests {
         async fn prewarm(&self, _: &str, _: &str) {}
     }
 
-    async fn start(
-        fire: Arc<FakeFire>,
-        quota: Quota,
-        limit: u64,
-    ) -> (Arc<Calls>, Arc<SqliteStore>) {
-        let store = Arc::new(SqliteStore::in_memory().await.unwrap());
+    async fn start(fire: Arc<FakeFire>, quota: Quota, limit: u64) -> (Arc<Calls>, Arc<SqlStore>) {
+        let store = Arc::new(SqlStore::in_memory().await.unwrap());
         let calls = Calls::start(
             store.clone(),
             store.clone(),
@@ -832,7 +828,7 @@ mod tests {
     }
 
     /// Waits (bounded) until the call has ended.
-    async fn ended(store: &SqliteStore, id: &str) -> CallRecord {
+    async fn ended(store: &SqlStore, id: &str) -> CallRecord {
         tokio::time::timeout(Duration::from_secs(10), async {
             loop {
                 let call = store.get_call("default", id).await.unwrap();
@@ -892,7 +888,7 @@ mod tests {
             open: tokio::sync::Semaphore::new(0),
             fired: Default::default(),
         });
-        let store = Arc::new(SqliteStore::in_memory().await.unwrap());
+        let store = Arc::new(SqlStore::in_memory().await.unwrap());
         store.ensure_namespace("default").await.unwrap();
         let calls = Calls::start(
             store.clone(),

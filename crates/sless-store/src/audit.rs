@@ -1,15 +1,17 @@
 //! The audit log: one entry per control-plane change the API was asked for (who did
 //! what to which object, when, from where, and the HTTP status it got). Entries
 //! never hold request bodies. Listed newest first, pruned by age and count like
-//! invocation records. [`AuditStore`] is the seam; [`SqliteStore`] implements it.
+//! invocation records. [`AuditStore`] is the seam; [`SqlStore`] implements it.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::{QueryBuilder, Row, Sqlite};
+use sqlx::Row;
 
-use crate::{Result, SqliteStore};
+use crate::query::Builder;
+
+use crate::{Result, SqlStore};
 
 /// One audited request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +64,7 @@ pub trait AuditStore: Send + Sync + 'static {
     async fn prune_audit(&self, max_age: Duration, max_count: u64) -> Result<u64>;
 }
 
-fn entry_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<AuditEntry> {
+fn entry_from_row(row: &sqlx::any::AnyRow) -> Result<AuditEntry> {
     let at: i64 = row.try_get("at_us")?;
     let status: i64 = row.try_get("status")?;
     Ok(AuditEntry {
@@ -79,11 +81,11 @@ fn entry_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<AuditEntry> {
 }
 
 #[async_trait]
-impl AuditStore for SqliteStore {
+impl AuditStore for SqlStore {
     async fn record_audit(&self, e: &AuditEntry) -> Result<()> {
         sqlx::query(
             "INSERT INTO audit (id, at_us, actor, namespace, action, object_kind, object_name, \
-             address, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             address, status) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         )
         .bind(&e.id)
         .bind(e.at.timestamp_micros())
@@ -100,7 +102,8 @@ impl AuditStore for SqliteStore {
     }
 
     async fn list_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>> {
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+        let mut q = Builder::new(
+            self.backend(),
             "SELECT id, at_us, actor, namespace, action, object_kind, object_name, address, \
              status FROM audit WHERE 1 = 1",
         );
@@ -116,7 +119,7 @@ impl AuditStore for SqliteStore {
             .clamp(1, MAX_AUDIT_LIMIT);
         q.push(" ORDER BY at_us DESC, id DESC LIMIT ")
             .push_bind(i64::from(limit));
-        let rows = q.build().fetch_all(self.pool()).await?;
+        let rows = q.build()?.fetch_all(self.pool()).await?;
         rows.iter().map(entry_from_row).collect()
     }
 
@@ -133,7 +136,7 @@ impl AuditStore for SqliteStore {
             None
         } else {
             sqlx::query_as(
-                "SELECT at_us, id FROM audit ORDER BY at_us DESC, id DESC LIMIT 1 OFFSET ?",
+                "SELECT at_us, id FROM audit ORDER BY at_us DESC, id DESC LIMIT 1 OFFSET $1",
             )
             .bind(i64::try_from(max_count).unwrap_or(i64::MAX))
             .fetch_optional(self.pool())
@@ -150,7 +153,7 @@ impl AuditStore for SqliteStore {
         loop {
             let done = sqlx::query(
                 "DELETE FROM audit WHERE id IN (SELECT id FROM audit \
-                 WHERE at_us < ?1 OR (at_us = ?1 AND id <= ?2) ORDER BY at_us, id LIMIT ?3)",
+                 WHERE at_us < $1 OR (at_us = $1 AND id <= $2) ORDER BY at_us, id LIMIT $3)",
             )
             .bind(time)
             .bind(last_id.as_deref())
@@ -189,7 +192,7 @@ mod tests {
 
     #[tokio::test]
     async fn entries_round_trip_newest_first_and_filter() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         store
             .record_audit(&entry("1", Some("a"), 30))
             .await
@@ -229,7 +232,7 @@ mod tests {
 
     #[tokio::test]
     async fn pruning_keeps_the_newest_within_age_and_count() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         for (i, ago) in [(1, 7200), (2, 50), (3, 40), (4, 30)] {
             store
                 .record_audit(&entry(&i.to_string(), Some("a"), ago))

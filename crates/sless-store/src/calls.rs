@@ -1,7 +1,7 @@
 //! Async calls: one row per call to `/async/...` (or `/invoke?async=true`), inserted
 //! before the caller is answered `202`, moved through `Queued → Running → Succeeded |
 //! Failed` by the dispatcher, listed newest first, and pruned with the invocation
-//! records' retention once finished. [`CallStore`] is the seam; [`SqliteStore`]
+//! records' retention once finished. [`CallStore`] is the seam; [`SqlStore`]
 //! implements it.
 
 use std::time::Duration;
@@ -9,10 +9,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sless_core::CallPhase;
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite};
+use sqlx::Row;
+use sqlx::any::AnyRow;
 
-use crate::{Result, SqliteStore, StoreError};
+use crate::db::Backend;
+use crate::query::Builder;
+
+use crate::{Result, SqlStore, StoreError};
 
 /// The function's answer to a finished call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,7 +109,7 @@ const MAX_GROUP: usize = 512;
 
 impl CallWriter {
     /// Starts the writer's task on `pool`; it ends when the writer is dropped.
-    pub(crate) fn start(pool: sqlx::SqlitePool) -> CallWriter {
+    pub(crate) fn start(pool: sqlx::AnyPool, backend: Backend) -> CallWriter {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Pending>();
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
@@ -117,7 +120,7 @@ impl CallWriter {
                         Err(_) => break,
                     }
                 }
-                commit_group(&pool, group).await;
+                commit_group(&pool, backend, group).await;
             }
         });
         CallWriter { tx }
@@ -133,14 +136,32 @@ impl CallWriter {
 }
 
 /// Applies every write of `group` in one transaction. A write that fails alone (a
-/// duplicate id, a call that is gone) gets its own error, and SQLite undoes only that
-/// statement; a transaction that cannot begin or commit fails every write in it.
-async fn commit_group(pool: &sqlx::SqlitePool, group: Vec<Pending>) {
+/// duplicate id, a call that is gone) gets its own error and is undone alone (SQLite
+/// undoes the failed statement; PostgreSQL, which would abort the whole transaction,
+/// runs each write under a savepoint); a transaction that cannot begin or commit
+/// fails every write in it.
+async fn commit_group(pool: &sqlx::AnyPool, backend: Backend, group: Vec<Pending>) {
     let applied = async {
         let mut tx = pool.begin().await?;
         let mut outcomes = Vec::with_capacity(group.len());
         for p in &group {
-            outcomes.push(apply(&mut tx, &p.write).await);
+            let outcome = match backend {
+                Backend::Sqlite => apply(&mut tx, &p.write).await,
+                Backend::Postgres => {
+                    sqlx::query("SAVEPOINT call_write")
+                        .execute(&mut *tx)
+                        .await?;
+                    let outcome = apply(&mut tx, &p.write).await;
+                    let end = if outcome.is_ok() {
+                        "RELEASE SAVEPOINT call_write"
+                    } else {
+                        "ROLLBACK TO SAVEPOINT call_write"
+                    };
+                    sqlx::query(end).execute(&mut *tx).await?;
+                    outcome
+                }
+            };
+            outcomes.push(outcome);
         }
         tx.commit().await?;
         Ok::<_, sqlx::Error>(outcomes)
@@ -164,12 +185,12 @@ async fn commit_group(pool: &sqlx::SqlitePool, group: Vec<Pending>) {
 }
 
 /// One write, inside the group's transaction.
-async fn apply(conn: &mut sqlx::SqliteConnection, write: &CallWrite) -> Result<()> {
+async fn apply(conn: &mut sqlx::AnyConnection, write: &CallWrite) -> Result<()> {
     match write {
         CallWrite::Insert(c) => {
             let result = sqlx::query(
                 "INSERT INTO async_calls (id, namespace, function, phase, attempts, event, \
-                 request_id, callback_url, queued_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 request_id, callback_url, queued_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             )
             .bind(&c.id)
             .bind(&c.namespace)
@@ -191,8 +212,8 @@ async fn apply(conn: &mut sqlx::SqliteConnection, write: &CallWrite) -> Result<(
             at,
         } => {
             let done = sqlx::query(
-                "UPDATE async_calls SET phase = 'Running', attempts = ?, \
-                 started_at = COALESCE(started_at, ?) WHERE namespace = ? AND id = ?",
+                "UPDATE async_calls SET phase = 'Running', attempts = $1, \
+                 started_at = COALESCE(started_at, $2) WHERE namespace = $3 AND id = $4",
             )
             .bind(i64::from(*attempt))
             .bind(micros(*at))
@@ -219,9 +240,9 @@ async fn apply(conn: &mut sqlx::SqliteConnection, write: &CallWrite) -> Result<(
                 .map(|r| serde_json::to_string(&r.headers))
                 .transpose()?;
             let done = sqlx::query(
-                "UPDATE async_calls SET phase = ?, attempts = ?, response_status = ?, \
-                 response_headers = ?, response_body = ?, error = ?, finished_at = ? \
-                 WHERE namespace = ? AND id = ?",
+                "UPDATE async_calls SET phase = $1, attempts = $2, response_status = $3, \
+                 response_headers = $4, response_body = $5, error = $6, finished_at = $7 \
+                 WHERE namespace = $8 AND id = $9",
             )
             .bind(phase.as_str())
             .bind(i64::from(*attempts))
@@ -308,7 +329,7 @@ macro_rules! call_columns {
     };
 }
 
-fn call_from_row(row: &SqliteRow) -> Result<CallRecord> {
+fn call_from_row(row: &AnyRow) -> Result<CallRecord> {
     let phase: String = row.try_get("phase")?;
     // The phases are stored by their serde names: an unknown one is a corrupt row.
     let phase: CallPhase = serde_json::from_value(serde_json::Value::String(phase))?;
@@ -360,7 +381,7 @@ fn not_found(id: &str) -> StoreError {
 }
 
 #[async_trait]
-impl CallStore for SqliteStore {
+impl CallStore for SqlStore {
     async fn insert_call(&self, c: &CallRecord) -> Result<()> {
         self.call_writer().write(CallWrite::Insert(c.clone())).await
     }
@@ -369,7 +390,7 @@ impl CallStore for SqliteStore {
         let row = sqlx::query(concat!(
             "SELECT ",
             call_columns!(),
-            " FROM async_calls WHERE namespace = ? AND id = ?"
+            " FROM async_calls WHERE namespace = $1 AND id = $2"
         ))
         .bind(namespace)
         .bind(id)
@@ -380,11 +401,14 @@ impl CallStore for SqliteStore {
     }
 
     async fn list_calls(&self, namespace: &str, filter: &CallFilter) -> Result<Vec<CallRecord>> {
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(concat!(
-            "SELECT ",
-            call_columns!(),
-            " FROM async_calls WHERE namespace = "
-        ));
+        let mut q = Builder::new(
+            self.backend(),
+            concat!(
+                "SELECT ",
+                call_columns!(),
+                " FROM async_calls WHERE namespace = "
+            ),
+        );
         q.push_bind(namespace);
         if let Some(f) = &filter.function {
             q.push(" AND function = ").push_bind(f);
@@ -398,7 +422,7 @@ impl CallStore for SqliteStore {
             .clamp(1, MAX_CALL_LIMIT);
         q.push(" ORDER BY queued_at DESC, seq DESC LIMIT ")
             .push_bind(i64::from(limit));
-        let rows = q.build().fetch_all(self.pool()).await?;
+        let rows = q.build()?.fetch_all(self.pool()).await?;
         rows.iter().map(call_from_row).collect()
     }
 
@@ -412,8 +436,8 @@ impl CallStore for SqliteStore {
         let rows = sqlx::query(concat!(
             "SELECT ",
             call_columns!(),
-            " FROM async_calls WHERE namespace = ? AND function = ? \
-             AND phase IN ('Queued', 'Running') AND seq > ? ORDER BY seq LIMIT ?"
+            " FROM async_calls WHERE namespace = $1 AND function = $2 \
+             AND phase IN ('Queued', 'Running') AND seq > $3 ORDER BY seq LIMIT $4"
         ))
         .bind(namespace)
         .bind(function)
@@ -495,7 +519,7 @@ impl CallStore for SqliteStore {
         let done = sqlx::query(
             "UPDATE async_calls SET phase = 'Queued', attempts = 0, response_status = NULL, \
              response_headers = NULL, response_body = NULL, error = NULL, started_at = NULL, \
-             finished_at = NULL, redrive_of = ? WHERE namespace = ? AND id = ?",
+             finished_at = NULL, redrive_of = $1 WHERE namespace = $2 AND id = $3",
         )
         .bind(redrive_of)
         .bind(namespace)
@@ -516,7 +540,7 @@ impl CallStore for SqliteStore {
             loop {
                 let done = sqlx::query(
                     "DELETE FROM async_calls WHERE seq IN (SELECT seq FROM async_calls \
-                     WHERE finished_at IS NOT NULL AND finished_at < ? LIMIT ?)",
+                     WHERE finished_at IS NOT NULL AND finished_at < $1 LIMIT $2)",
                 )
                 .bind(cutoff)
                 .bind(DELETE_CHUNK)
@@ -535,9 +559,9 @@ impl CallStore for SqliteStore {
                     .await?;
             for ns in namespaces {
                 let done = sqlx::query(
-                    "DELETE FROM async_calls WHERE namespace = ?1 AND finished_at IS NOT NULL \
-                     AND seq NOT IN (SELECT seq FROM async_calls WHERE namespace = ?1 \
-                     ORDER BY queued_at DESC, seq DESC LIMIT ?2)",
+                    "DELETE FROM async_calls WHERE namespace = $1 AND finished_at IS NOT NULL \
+                     AND seq NOT IN (SELECT seq FROM async_calls WHERE namespace = $1 \
+                     ORDER BY queued_at DESC, seq DESC LIMIT $2)",
                 )
                 .bind(&ns)
                 .bind(i64::try_from(max_count).unwrap_or(i64::MAX))
@@ -579,7 +603,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_writes_share_commits_and_fail_alone() {
-        let store = std::sync::Arc::new(SqliteStore::in_memory().await.unwrap());
+        let store = std::sync::Arc::new(crate::testing::store().await);
         store.insert_call(&call("dup", "a", "f", 0)).await.unwrap();
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..200 {
@@ -631,7 +655,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_call_moves_through_its_phases_and_lists_newest_first() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         store.insert_call(&call("c1", "a", "f", 30)).await.unwrap();
         store.insert_call(&call("c2", "a", "g", 20)).await.unwrap();
         store.insert_call(&call("c3", "b", "f", 10)).await.unwrap();
@@ -720,7 +744,7 @@ mod tests {
 
     #[tokio::test]
     async fn pruning_takes_only_finished_calls() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         for (id, ago) in [("old", 7200), ("older", 20), ("new", 10), ("queued", 7200)] {
             store.insert_call(&call(id, "a", "f", ago)).await.unwrap();
         }

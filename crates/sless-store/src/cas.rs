@@ -79,23 +79,20 @@ mod tests {
 
     use super::*;
     use crate::{
-        FunctionChange, FunctionRecord, JobRecord, JobStore, SqliteStore, Store, TriggerRecord,
+        FunctionChange, FunctionRecord, JobRecord, JobStore, SqlStore, Store, TriggerRecord,
         TriggerStore,
     };
 
     const TASKS: usize = 20;
 
     /// A store in a file (WAL, a pool of connections), as the server runs it.
-    async fn file_store() -> (tempfile::TempDir, Arc<SqliteStore>) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("sless.db"))
-            .await
-            .unwrap();
+    async fn file_store() -> (tempfile::TempDir, Arc<SqlStore>) {
+        let (dir, store) = crate::testing::pooled_store().await;
         store.ensure_namespace("ns").await.unwrap();
         (dir, Arc::new(store))
     }
 
-    async fn create_all(store: &SqliteStore) {
+    async fn create_all(store: &SqlStore) {
         let now = Utc::now();
         let mut spec: sless_core::FunctionSpec =
             serde_json::from_value(json!({"runtime": "python3"})).unwrap();
@@ -262,7 +259,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_expected_generation_applies_when_current_and_fails_when_stale() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         store.ensure_namespace("ns").await.unwrap();
         create_all(&store).await;
         let memory = |mb: u32| FunctionChange::Patch(json!({"memory_mb": mb}));
@@ -337,7 +334,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_change_that_changes_nothing_keeps_the_generation() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         store.ensure_namespace("ns").await.unwrap();
         create_all(&store).await;
         let before = store.get_function("ns", "f").await.unwrap();
@@ -383,7 +380,7 @@ mod tests {
 
     #[tokio::test]
     async fn status_writes_leave_the_generation_alone() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         store.ensure_namespace("ns").await.unwrap();
         create_all(&store).await;
         let status = sless_core::FunctionStatus {
@@ -436,7 +433,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_edit_writes_nothing_and_its_error_comes_back() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         store.ensure_namespace("ns").await.unwrap();
         create_all(&store).await;
         let err = store
@@ -561,7 +558,7 @@ mod tests {
             }
             pool.close().await;
         }
-        let store = SqliteStore::open(&path).await.unwrap();
+        let store = SqlStore::open(&path).await.unwrap();
         let f = store.get_function("ns", "f").await.unwrap();
         assert_eq!((f.generation, f.revision), (1, 3));
         assert_eq!(store.get_trigger("ns", "t").await.unwrap().generation, 1);

@@ -1,14 +1,16 @@
 //! Dead letters: messages of queue and device triggers, and async calls, that
 //! exhausted their delivery policy. Kept until redriven (successfully) or deleted;
-//! listed newest first. [`DeadLetterStore`] is the seam; [`SqliteStore`] implements it.
+//! listed newest first. [`DeadLetterStore`] is the seam; [`SqlStore`] implements it.
 
 use async_trait::async_trait;
 use chrono::DateTime;
 use sless_core::{DeadLetter, DeadLetterSource};
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite};
+use sqlx::Row;
+use sqlx::any::AnyRow;
 
-use crate::{Result, SqliteStore, StoreError};
+use crate::query::Builder;
+
+use crate::{Result, SqlStore, StoreError};
 
 /// Which dead letters [`DeadLetterStore::list_dead_letters`] returns.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -41,7 +43,7 @@ pub trait DeadLetterStore: Send + Sync + 'static {
     async fn delete_dead_letter(&self, namespace: &str, id: &str) -> Result<()>;
 }
 
-fn dead_letter_from_row(row: &SqliteRow) -> Result<DeadLetter> {
+fn dead_letter_from_row(row: &AnyRow) -> Result<DeadLetter> {
     let source: String = row.try_get("source")?;
     let source: DeadLetterSource = serde_json::from_value(serde_json::Value::String(source))?;
     let message: String = row.try_get("message")?;
@@ -77,12 +79,12 @@ fn not_found(id: &str) -> StoreError {
 }
 
 #[async_trait]
-impl DeadLetterStore for SqliteStore {
+impl DeadLetterStore for SqlStore {
     async fn put_dead_letter(&self, dl: &DeadLetter) -> Result<()> {
         sqlx::query(concat!(
             "INSERT INTO dead_letters (",
             dead_letter_columns!(),
-            ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
              ON CONFLICT (id) DO UPDATE SET payload = excluded.payload, \
              message = excluded.message, attempts = excluded.attempts, \
              last_status = excluded.last_status, error = excluded.error, \
@@ -108,7 +110,7 @@ impl DeadLetterStore for SqliteStore {
         let row = sqlx::query(concat!(
             "SELECT ",
             dead_letter_columns!(),
-            " FROM dead_letters WHERE namespace = ? AND id = ?"
+            " FROM dead_letters WHERE namespace = $1 AND id = $2"
         ))
         .bind(namespace)
         .bind(id)
@@ -123,11 +125,14 @@ impl DeadLetterStore for SqliteStore {
         namespace: &str,
         filter: &DeadLetterFilter,
     ) -> Result<Vec<DeadLetter>> {
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(concat!(
-            "SELECT ",
-            dead_letter_columns!(),
-            " FROM dead_letters WHERE namespace = "
-        ));
+        let mut q = Builder::new(
+            self.backend(),
+            concat!(
+                "SELECT ",
+                dead_letter_columns!(),
+                " FROM dead_letters WHERE namespace = "
+            ),
+        );
         q.push_bind(namespace);
         if let Some(t) = &filter.trigger {
             q.push(" AND trigger = ").push_bind(t);
@@ -141,12 +146,12 @@ impl DeadLetterStore for SqliteStore {
             .clamp(1, MAX_DEAD_LETTER_LIMIT);
         q.push(" ORDER BY failed_at DESC, id DESC LIMIT ")
             .push_bind(i64::from(limit));
-        let rows = q.build().fetch_all(self.pool()).await?;
+        let rows = q.build()?.fetch_all(self.pool()).await?;
         rows.iter().map(dead_letter_from_row).collect()
     }
 
     async fn delete_dead_letter(&self, namespace: &str, id: &str) -> Result<()> {
-        let done = sqlx::query("DELETE FROM dead_letters WHERE namespace = ? AND id = ?")
+        let done = sqlx::query("DELETE FROM dead_letters WHERE namespace = $1 AND id = $2")
             .bind(namespace)
             .bind(id)
             .execute(self.pool())
@@ -185,7 +190,7 @@ mod tests {
 
     #[tokio::test]
     async fn dead_letters_round_trip_update_and_go() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         store
             .put_dead_letter(&dl("d1", Some("orders-in"), 20))
             .await

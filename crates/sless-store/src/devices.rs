@@ -7,10 +7,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sless_core::DeviceSpec;
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite};
+use sqlx::Row;
+use sqlx::any::AnyRow;
 
-use crate::{Result, SqliteStore, StoreError, stamp, time};
+use crate::query::Builder;
+
+use crate::{Result, SqlStore, StoreError, stamp, time};
 
 /// One device as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,7 +114,7 @@ fn not_found(name: &str) -> StoreError {
     }
 }
 
-fn device_from_row(row: &SqliteRow) -> Result<DeviceRecord> {
+fn device_from_row(row: &AnyRow) -> Result<DeviceRecord> {
     let spec: String = row.try_get("spec")?;
     let messages: i64 = row.try_get("messages")?;
     let last_seen: Option<i64> = row.try_get("last_seen_at")?;
@@ -134,7 +136,7 @@ macro_rules! device_columns {
     };
 }
 
-impl SqliteStore {
+impl SqlStore {
     /// Runs one `UPDATE devices SET <column> = ?, updated_at = ? ... RETURNING` statement.
     async fn update_device(
         &self,
@@ -156,7 +158,7 @@ impl SqliteStore {
 }
 
 #[async_trait]
-impl DeviceStore for SqliteStore {
+impl DeviceStore for SqlStore {
     async fn create_device(
         &self,
         namespace: &str,
@@ -167,7 +169,7 @@ impl DeviceStore for SqliteStore {
         let now = stamp(Utc::now());
         let row = sqlx::query(concat!(
             "INSERT INTO devices (namespace, name, spec, password_hash, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING ",
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING ",
             device_columns!()
         ))
         .bind(namespace)
@@ -189,7 +191,7 @@ impl DeviceStore for SqliteStore {
         let row = sqlx::query(concat!(
             "SELECT ",
             device_columns!(),
-            " FROM devices WHERE namespace = ? AND name = ?"
+            " FROM devices WHERE namespace = $1 AND name = $2"
         ))
         .bind(namespace)
         .bind(name)
@@ -203,7 +205,7 @@ impl DeviceStore for SqliteStore {
         let rows = sqlx::query(concat!(
             "SELECT ",
             device_columns!(),
-            " FROM devices WHERE namespace = ? ORDER BY name"
+            " FROM devices WHERE namespace = $1 ORDER BY name"
         ))
         .bind(namespace)
         .fetch_all(self.pool())
@@ -212,7 +214,7 @@ impl DeviceStore for SqliteStore {
     }
 
     async fn count_devices(&self, namespace: &str) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM devices WHERE namespace = ?")
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM devices WHERE namespace = $1")
             .bind(namespace)
             .fetch_one(self.pool())
             .await?;
@@ -240,7 +242,7 @@ impl DeviceStore for SqliteStore {
     ) -> Result<DeviceRecord> {
         self.update_device(
             concat!(
-                "UPDATE devices SET spec = ?, updated_at = ? WHERE namespace = ? AND name = ? RETURNING ",
+                "UPDATE devices SET spec = $1, updated_at = $2 WHERE namespace = $3 AND name = $4 RETURNING ",
                 device_columns!()
             ),
             namespace,
@@ -258,7 +260,7 @@ impl DeviceStore for SqliteStore {
     ) -> Result<DeviceRecord> {
         self.update_device(
             concat!(
-                "UPDATE devices SET password_hash = ?, updated_at = ? WHERE namespace = ? AND name = ? RETURNING ",
+                "UPDATE devices SET password_hash = $1, updated_at = $2 WHERE namespace = $3 AND name = $4 RETURNING ",
                 device_columns!()
             ),
             namespace,
@@ -270,7 +272,7 @@ impl DeviceStore for SqliteStore {
 
     async fn delete_device(&self, namespace: &str, name: &str) -> Result<()> {
         let mut tx = self.pool().begin().await?;
-        let done = sqlx::query("DELETE FROM devices WHERE namespace = ? AND name = ?")
+        let done = sqlx::query("DELETE FROM devices WHERE namespace = $1 AND name = $2")
             .bind(namespace)
             .bind(name)
             .execute(&mut *tx)
@@ -278,7 +280,7 @@ impl DeviceStore for SqliteStore {
         if done.rows_affected() == 0 {
             return Err(not_found(name));
         }
-        sqlx::query("DELETE FROM telemetry WHERE namespace = ? AND device = ?")
+        sqlx::query("DELETE FROM telemetry WHERE namespace = $1 AND device = $2")
             .bind(namespace)
             .bind(name)
             .execute(&mut *tx)
@@ -295,21 +297,31 @@ impl DeviceStore for SqliteStore {
         let mut stored = 0;
         // 4 binds a row: well under SQLite's 32766 bound variables per statement.
         for chunk in batch.chunks(500) {
-            let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+            // Rows keep the batch's order (their ids grow in it): the fifth
+            // column is the position, which the SELECT orders by.
+            let mut q = Builder::new(
+                self.backend(),
                 "INSERT INTO telemetry (namespace, device, received_at, payload) \
-                 SELECT v.column1, v.column2, v.column3, v.column4 FROM (",
+                 SELECT v.column1, v.column2, v.column3, v.column4 FROM (VALUES ",
             );
-            q.push_values(chunk, |mut b, t| {
-                b.push_bind(t.namespace.as_str())
+            for (i, t) in chunk.iter().enumerate() {
+                q.push(if i == 0 { "(" } else { ", (" })
+                    .push_bind(t.namespace.as_str())
+                    .push(", ")
                     .push_bind(t.device.as_str())
+                    .push(", ")
                     .push_bind(t.received_at.timestamp_micros())
-                    .push_bind(t.payload.to_string());
-            });
+                    .push(", ")
+                    .push_bind(t.payload.to_string())
+                    .push(", ")
+                    .push_bind(i as i64)
+                    .push(")");
+            }
             q.push(
                 ") AS v WHERE EXISTS (SELECT 1 FROM devices d \
-                 WHERE d.namespace = v.column1 AND d.name = v.column2)",
+                 WHERE d.namespace = v.column1 AND d.name = v.column2) ORDER BY v.column5",
             );
-            stored += q.build().execute(&mut *tx).await?.rows_affected();
+            stored += q.build()?.execute(&mut *tx).await?.rows_affected();
         }
         // Per device: how many, and when it was last heard from.
         let mut seen: std::collections::BTreeMap<(&str, &str), (i64, i64)> = Default::default();
@@ -322,8 +334,9 @@ impl DeviceStore for SqliteStore {
         }
         for ((ns, device), (n, last)) in seen {
             sqlx::query(
-                "UPDATE devices SET messages = messages + ?, \
-                 last_seen_at = MAX(COALESCE(last_seen_at, 0), ?) WHERE namespace = ? AND name = ?",
+                "UPDATE devices SET messages = messages + $1, \
+                 last_seen_at = CASE WHEN COALESCE(last_seen_at, 0) > $2 THEN last_seen_at ELSE $2 END \
+                 WHERE namespace = $3 AND name = $4",
             )
             .bind(n)
             .bind(last)
@@ -341,7 +354,8 @@ impl DeviceStore for SqliteStore {
         namespace: &str,
         filter: &TelemetryFilter,
     ) -> Result<Vec<TelemetryRecord>> {
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+        let mut q = Builder::new(
+            self.backend(),
             "SELECT id, device, received_at, payload FROM telemetry WHERE namespace = ",
         );
         q.push_bind(namespace);
@@ -362,7 +376,7 @@ impl DeviceStore for SqliteStore {
             .clamp(1, MAX_TELEMETRY_LIMIT);
         q.push(" ORDER BY received_at DESC, id DESC LIMIT ")
             .push_bind(i64::from(limit));
-        let rows = q.build().fetch_all(self.pool()).await?;
+        let rows = q.build()?.fetch_all(self.pool()).await?;
         rows.iter()
             .map(|row| {
                 let payload: String = row.try_get("payload")?;
@@ -385,7 +399,7 @@ impl DeviceStore for SqliteStore {
                 .checked_sub_signed(age)
                 .unwrap_or_default()
                 .timestamp_micros();
-            deleted += sqlx::query("DELETE FROM telemetry WHERE received_at < ?")
+            deleted += sqlx::query("DELETE FROM telemetry WHERE received_at < $1")
                 .bind(cutoff)
                 .execute(self.pool())
                 .await?
@@ -400,8 +414,8 @@ impl DeviceStore for SqliteStore {
             for (ns, device) in devices {
                 // The newest row past the bound, in list order: it and all older go.
                 let over: Option<(i64, i64)> = sqlx::query_as(
-                    "SELECT received_at, id FROM telemetry WHERE namespace = ? AND device = ? \
-                     ORDER BY received_at DESC, id DESC LIMIT 1 OFFSET ?",
+                    "SELECT received_at, id FROM telemetry WHERE namespace = $1 AND device = $2 \
+                     ORDER BY received_at DESC, id DESC LIMIT 1 OFFSET $3",
                 )
                 .bind(&ns)
                 .bind(&device)
@@ -410,8 +424,8 @@ impl DeviceStore for SqliteStore {
                 .await?;
                 if let Some((at, id)) = over {
                     deleted += sqlx::query(
-                        "DELETE FROM telemetry WHERE namespace = ? AND device = ? \
-                         AND (received_at < ? OR (received_at = ? AND id <= ?))",
+                        "DELETE FROM telemetry WHERE namespace = $1 AND device = $2 \
+                         AND (received_at < $3 OR (received_at = $4 AND id <= $5))",
                     )
                     .bind(&ns)
                     .bind(&device)
@@ -434,11 +448,8 @@ mod tests {
     use crate::Store;
     use serde_json::json;
 
-    async fn store() -> (SqliteStore, tempfile::TempDir) {
-        let dir = tempfile::tempdir().unwrap();
-        let s = SqliteStore::open(&dir.path().join("sless.db"))
-            .await
-            .unwrap();
+    async fn store() -> (SqlStore, tempfile::TempDir) {
+        let (dir, s) = crate::testing::pooled_store().await;
         s.ensure_namespace("ns").await.unwrap();
         (s, dir)
     }

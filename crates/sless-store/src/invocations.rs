@@ -1,7 +1,7 @@
 //! Invocation records: one row per call of a function (over `/fn/`, `/invoke`,
 //! cron, queues or jobs), written in batches, listed newest first and pruned by
 //! age and count. Writing and pruning is `sless-records`' [`RecordSink`] seam;
-//! listing is [`InvocationStore`]. [`SqliteStore`] implements both in the same
+//! listing is [`InvocationStore`]. [`SqlStore`] implements both in the same
 //! database file as the rest of the metadata.
 
 use std::sync::OnceLock;
@@ -11,10 +11,13 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sless_core::invocation::{InvocationRecord, InvocationSource};
 use sless_records::{RecordSink, SinkError};
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite};
+use sqlx::Row;
+use sqlx::any::AnyRow;
 
-use crate::{Result, SqliteStore};
+use crate::db::Backend;
+use crate::query::{Builder, placeholders};
+
+use crate::{Result, SqlStore};
 
 /// Which records [`InvocationStore::list`] returns. Every field narrows the result.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -65,19 +68,22 @@ pub trait InvocationStore: Send + Sync + 'static {
 /// stays well below SQLite's limit of 32766 variables per statement.
 const INSERT_CHUNKS: [usize; 5] = [256, 64, 16, 4, 1];
 
-/// The `INSERT` of `rows` records, `rows` one of [`INSERT_CHUNKS`]; built once per size.
-fn insert_sql(rows: usize) -> &'static str {
-    static SQL: OnceLock<Vec<String>> = OnceLock::new();
-    let all = SQL.get_or_init(|| {
+/// The `INSERT` of `rows` records, `rows` one of [`INSERT_CHUNKS`]; built once per
+/// size and backend.
+fn insert_sql(rows: usize, backend: Backend) -> &'static str {
+    static SQL: [OnceLock<Vec<String>>; 2] = [OnceLock::new(), OnceLock::new()];
+    let all = SQL[backend as usize].get_or_init(|| {
         INSERT_CHUNKS
             .iter()
             .map(|&n| {
-                let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+                let rows: Vec<String> = (0..n)
+                    .map(|i| format!("({})", placeholders(backend, 1 + i * COLUMNS, COLUMNS)))
+                    .collect();
                 format!(
                     "INSERT INTO invocations (id, namespace, function, revision, source, \
                      request_id, started_at, duration_us, status, cold_start, error, \
                      attempt, trigger, call_id) VALUES {}",
-                    vec![row; n].join(", ")
+                    rows.join(", ")
                 )
             })
             .collect()
@@ -85,6 +91,9 @@ fn insert_sql(rows: usize) -> &'static str {
     let index = INSERT_CHUNKS.iter().position(|&n| n == rows).unwrap_or(0);
     &all[index]
 }
+
+/// Values an inserted record binds.
+const COLUMNS: usize = 14;
 
 /// `records` cut into chunks whose lengths are all in [`INSERT_CHUNKS`].
 fn insert_chunks(mut records: &[InvocationRecord]) -> impl Iterator<Item = &[InvocationRecord]> {
@@ -103,7 +112,7 @@ fn micros(t: DateTime<Utc>) -> i64 {
     t.timestamp_micros()
 }
 
-fn record_from_row(row: &SqliteRow) -> Result<InvocationRecord> {
+fn record_from_row(row: &AnyRow) -> Result<InvocationRecord> {
     let source: String = row.try_get("source")?;
     // Decoding through serde names the unexpected value in the error.
     let source: InvocationSource = serde_json::from_value(serde_json::Value::String(source))?;
@@ -121,7 +130,7 @@ fn record_from_row(row: &SqliteRow) -> Result<InvocationRecord> {
         started_at: DateTime::from_timestamp_micros(started_at).unwrap_or_default(),
         duration: Duration::from_micros(duration_us.max(0) as u64),
         status: u16::try_from(status).unwrap_or(0),
-        cold_start: row.try_get("cold_start")?,
+        cold_start: row.try_get::<i64, _>("cold_start")? != 0,
         error: row.try_get("error")?,
         attempt: row
             .try_get::<Option<i64>, _>("attempt")?
@@ -132,7 +141,7 @@ fn record_from_row(row: &SqliteRow) -> Result<InvocationRecord> {
 }
 
 #[async_trait]
-impl RecordSink for SqliteStore {
+impl RecordSink for SqlStore {
     async fn insert_batch(
         &self,
         records: &[InvocationRecord],
@@ -152,7 +161,7 @@ impl RecordSink for SqliteStore {
 }
 
 #[async_trait]
-impl InvocationStore for SqliteStore {
+impl InvocationStore for SqlStore {
     async fn list(
         &self,
         namespace: &str,
@@ -162,7 +171,7 @@ impl InvocationStore for SqliteStore {
     }
 }
 
-impl SqliteStore {
+impl SqlStore {
     /// Stores records, all or none (one transaction).
     async fn insert_records(&self, records: &[InvocationRecord]) -> Result<()> {
         if records.is_empty() {
@@ -170,7 +179,7 @@ impl SqliteStore {
         }
         let mut tx = self.pool().begin().await?;
         for chunk in insert_chunks(records) {
-            let mut insert = sqlx::query(insert_sql(chunk.len()));
+            let mut insert = sqlx::query(insert_sql(chunk.len(), self.backend()));
             // `&str` binds copy each text once; binding `&String` would copy it twice.
             for r in chunk {
                 insert = insert
@@ -183,7 +192,7 @@ impl SqliteStore {
                     .bind(micros(r.started_at))
                     .bind(i64::try_from(r.duration.as_micros()).unwrap_or(i64::MAX))
                     .bind(i64::from(r.status))
-                    .bind(r.cold_start)
+                    .bind(i64::from(r.cold_start))
                     .bind(r.error.as_deref())
                     .bind(r.attempt.map(i64::from))
                     .bind(r.trigger.as_deref())
@@ -200,7 +209,8 @@ impl SqliteStore {
         namespace: &str,
         filter: &InvocationFilter,
     ) -> Result<Vec<InvocationRecord>> {
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+        let mut q = Builder::new(
+            self.backend(),
             "SELECT id, namespace, function, revision, source, request_id, started_at, \
              duration_us, status, cold_start, error, attempt, trigger, call_id \
              FROM invocations WHERE namespace = ",
@@ -226,7 +236,7 @@ impl SqliteStore {
         }
         q.push(" ORDER BY started_at DESC, id DESC LIMIT ")
             .push_bind(i64::from(filter.effective_limit()));
-        let rows = q.build().fetch_all(self.pool()).await?;
+        let rows = q.build()?.fetch_all(self.pool()).await?;
         rows.iter().map(record_from_row).collect()
     }
 
@@ -252,8 +262,8 @@ impl SqliteStore {
                 None
             } else {
                 sqlx::query_as(
-                    "SELECT started_at, id FROM invocations WHERE namespace = ? \
-                     ORDER BY started_at DESC, id DESC LIMIT 1 OFFSET ?",
+                    "SELECT started_at, id FROM invocations WHERE namespace = $1 \
+                     ORDER BY started_at DESC, id DESC LIMIT 1 OFFSET $2",
                 )
                 .bind(&ns)
                 .bind(i64::try_from(max_count).unwrap_or(i64::MAX))
@@ -272,10 +282,10 @@ impl SqliteStore {
             loop {
                 // `id` breaks ties of `started_at` exactly as the list order does.
                 let done = sqlx::query(
-                    "DELETE FROM invocations WHERE namespace = ?1 AND (started_at, id) IN \
-                     (SELECT started_at, id FROM invocations WHERE namespace = ?1 \
-                     AND (started_at < ?2 OR (started_at = ?2 AND id <= ?3)) \
-                     ORDER BY started_at, id LIMIT ?4)",
+                    "DELETE FROM invocations WHERE namespace = $1 AND (started_at, id) IN \
+                     (SELECT started_at, id FROM invocations WHERE namespace = $1 \
+                     AND (started_at < $2 OR (started_at = $2 AND id <= $3)) \
+                     ORDER BY started_at, id LIMIT $4)",
                 )
                 .bind(&ns)
                 .bind(time)
@@ -339,7 +349,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_of_several_chunks_is_written_whole() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         let records: Vec<_> = (0..341)
             .map(|i| rec(&format!("{i:04}"), "team", "f", at(1000 - i)))
             .collect();
@@ -356,7 +366,7 @@ mod tests {
 
     #[tokio::test]
     async fn batches_round_trip_newest_first() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         let mut a = rec("a", "team", "f", at(30));
         a.error = Some("boom".into());
         a.status = 500;
@@ -389,7 +399,7 @@ mod tests {
 
     #[tokio::test]
     async fn deliveries_keep_their_attempt_trigger_and_call() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         let mut queued = rec("q2", "team", "f", at(10));
         queued.source = InvocationSource::Queue;
         queued.attempt = Some(2);
@@ -439,7 +449,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_is_all_or_nothing_and_larger_than_one_statement() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         let now = Utc::now();
         let mut batch: Vec<InvocationRecord> = (0..1200)
             .map(|i| rec(&format!("{i:05}"), "team", "f", now))
@@ -467,7 +477,7 @@ mod tests {
 
     #[tokio::test]
     async fn filters_narrow_and_limit_caps() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         let mut records = Vec::new();
         for i in 0..10i64 {
             let mut r = rec(
@@ -549,7 +559,7 @@ mod tests {
 
     #[tokio::test]
     async fn prune_by_age_and_by_count_per_namespace() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         let mut records = Vec::new();
         for i in 0..6i64 {
             records.push(rec(&format!("a{i}"), "a", "f", at(3600 * i)));
@@ -582,7 +592,7 @@ mod tests {
 
     #[tokio::test]
     async fn prune_deletes_in_chunks() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         let old = at(7200);
         let batch: Vec<_> = (0..(DELETE_CHUNK as usize * 2 + 7))
             .map(|i| rec(&format!("{i:06}"), "a", "f", old))
@@ -606,7 +616,7 @@ mod tests {
     #[tokio::test]
     async fn a_burst_of_1000_reaches_sqlite_quickly() {
         let dir = tempfile::tempdir().unwrap();
-        let store = std::sync::Arc::new(SqliteStore::open(&dir.path().join("t.db")).await.unwrap());
+        let store = std::sync::Arc::new(SqlStore::open(&dir.path().join("t.db")).await.unwrap());
         let recorder =
             sless_records::Recorder::start(store.clone(), sless_records::RecorderConfig::default());
         let records: Vec<_> = (0..1000)

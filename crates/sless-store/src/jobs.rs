@@ -4,10 +4,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sless_core::{JobSpec, JobStatus};
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
+use sqlx::any::AnyRow;
 
 use crate::cas::Cas;
-use crate::{Edit, Result, SqliteStore, StoreError, stamp, time};
+use crate::db::Backend;
+use crate::{Edit, Result, SqlStore, StoreError, stamp, time};
 
 /// A job as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,7 +64,7 @@ pub trait JobStore: Send + Sync + 'static {
     async fn delete_job(&self, namespace: &str, name: &str) -> Result<()>;
 }
 
-pub(crate) fn from_row(row: &SqliteRow) -> Result<JobRecord> {
+pub(crate) fn from_row(row: &AnyRow) -> Result<JobRecord> {
     Ok(JobRecord {
         namespace: row.try_get("namespace")?,
         name: row.try_get("name")?,
@@ -77,10 +78,10 @@ pub(crate) fn from_row(row: &SqliteRow) -> Result<JobRecord> {
 }
 
 #[async_trait]
-impl JobStore for SqliteStore {
+impl JobStore for SqlStore {
     async fn create_job(&self, r: &JobRecord) -> Result<()> {
         let result = sqlx::query(
-            "INSERT INTO jobs (namespace, name, spec, status, code_sha256, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO jobs (namespace, name, spec, status, code_sha256, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(&r.namespace)
         .bind(&r.name)
@@ -95,7 +96,7 @@ impl JobStore for SqliteStore {
     }
 
     async fn get_job(&self, namespace: &str, name: &str) -> Result<JobRecord> {
-        let row = sqlx::query("SELECT * FROM jobs WHERE namespace = ? AND name = ?")
+        let row = sqlx::query("SELECT * FROM jobs WHERE namespace = $1 AND name = $2")
             .bind(namespace)
             .bind(name)
             .fetch_optional(self.pool())
@@ -110,7 +111,7 @@ impl JobStore for SqliteStore {
     async fn list_jobs(&self, namespace: Option<&str>) -> Result<Vec<JobRecord>> {
         let rows = match namespace {
             Some(ns) => {
-                sqlx::query("SELECT * FROM jobs WHERE namespace = ? ORDER BY name")
+                sqlx::query("SELECT * FROM jobs WHERE namespace = $1 ORDER BY name")
                     .bind(ns)
                     .fetch_all(self.pool())
                     .await?
@@ -161,8 +162,8 @@ impl JobStore for SqliteStore {
                 None
             };
             let done = sqlx::query(
-                "UPDATE jobs SET spec = ?, status = coalesce(?, status), code_sha256 = ?, generation = ?, \
-                 updated_at = ? WHERE namespace = ? AND name = ? AND generation = ?",
+                "UPDATE jobs SET spec = $1, status = coalesce($2, status), code_sha256 = $3, generation = $4, \
+                 updated_at = $5 WHERE namespace = $6 AND name = $7 AND generation = $8",
             )
             .bind(serde_json::to_string(&record.spec)?)
             .bind(status)
@@ -187,15 +188,24 @@ impl JobStore for SqliteStore {
         name: &str,
         status: &JobStatus,
     ) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE jobs SET status = ? WHERE namespace = ? AND name = ? AND json_extract(spec, '$.run_id') = ?",
-        )
-        .bind(serde_json::to_string(status)?)
-        .bind(namespace)
-        .bind(name)
-        .bind(status.run_id as i64)
-        .execute(self.pool())
-        .await?;
+        // Only while the job is still at that run (a newer run's status wins).
+        let sql = match self.backend() {
+            Backend::Sqlite => {
+                "UPDATE jobs SET status = $1 WHERE namespace = $2 AND name = $3 \
+                 AND json_extract(spec, '$.run_id') = $4"
+            }
+            Backend::Postgres => {
+                "UPDATE jobs SET status = $1 WHERE namespace = $2 AND name = $3 \
+                 AND (CAST(spec AS jsonb) ->> 'run_id')::bigint = $4"
+            }
+        };
+        let done = sqlx::query(sql)
+            .bind(serde_json::to_string(status)?)
+            .bind(namespace)
+            .bind(name)
+            .bind(status.run_id as i64)
+            .execute(self.pool())
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -214,7 +224,7 @@ impl JobStore for SqliteStore {
     }
 
     async fn delete_job(&self, namespace: &str, name: &str) -> Result<()> {
-        let done = sqlx::query("DELETE FROM jobs WHERE namespace = ? AND name = ?")
+        let done = sqlx::query("DELETE FROM jobs WHERE namespace = $1 AND name = $2")
             .bind(namespace)
             .bind(name)
             .execute(self.pool())

@@ -1,6 +1,5 @@
 //! The metadata store: namespaces, functions and tokens. [`Store`] is the seam;
-//! [`SqliteStore`] is the embedded default. A PostgreSQL adapter implements the
-//! same trait without callers changing.
+//! [`SqlStore`] implements it on SQLite (the embedded default) and PostgreSQL.
 //!
 //! Functions, triggers and jobs carry a `generation` that grows by one with every
 //! change of their spec or code (never with the status the server reports about
@@ -12,21 +11,24 @@
 /// enumeration across namespaces says so.
 macro_rules! live {
     ($col:literal) => {
-        concat!($col, " NOT GLOB '~trash~*'")
+        concat!($col, " NOT LIKE '~trash~%'")
     };
 }
 
 mod audit;
 mod calls;
 mod cas;
+mod db;
 mod dead_letters;
 mod devices;
 mod invocations;
 mod jobs;
+mod query;
 mod quotas;
 mod secrets;
-mod sqlite;
 mod storage;
+#[cfg(test)]
+pub(crate) mod testing;
 mod tokens;
 pub mod trash;
 mod triggers;
@@ -39,6 +41,7 @@ pub use calls::{
     CallFilter, CallRecord, CallResponse, CallStore, DEFAULT_CALL_LIMIT, MAX_CALL_LIMIT,
     PendingCall,
 };
+pub use db::{Backend, SqlStore, redact_url, sqlite_file};
 pub use dead_letters::{
     DEFAULT_DEAD_LETTER_LIMIT, DeadLetterFilter, DeadLetterStore, MAX_DEAD_LETTER_LIMIT,
 };
@@ -54,7 +57,6 @@ pub use quotas::QuotaStore;
 pub use secrets::{SecretRecord, SecretReferences, SecretStore};
 /// The record types, where the listing's callers expect them.
 pub use sless_core::invocation::{InvocationRecord, InvocationSource};
-pub use sqlite::SqliteStore;
 pub use storage::{CodeOwner, StorageStore};
 pub use trash::{TrashStore, TrashedNamespace, is_trash_name};
 pub use triggers::{TriggerRecord, TriggerStore};
@@ -103,15 +105,20 @@ pub enum StoreError {
     /// A patch produced an invalid spec.
     #[error(transparent)]
     Invalid(#[from] sless_core::ValidationError),
+    /// The store's configuration (its URL) is unusable.
+    #[error("{0}")]
+    Config(String),
     /// Migrations failed at start-up.
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
 }
 
 impl StoreError {
-    /// The disk under the database is full (`SQLITE_FULL`, `ENOSPC`).
+    /// The disk under the database is full (`SQLITE_FULL`, PostgreSQL's
+    /// `disk_full`, `ENOSPC`).
     pub fn is_storage_full(&self) -> bool {
         self.sqlite_code().is_some_and(|c| c & 0xff == 13)
+            || self.postgres_code() == Some("53100")
             || matches!(self, StoreError::Database(sqlx::Error::Io(e)) if e.kind() == std::io::ErrorKind::StorageFull)
     }
 
@@ -126,7 +133,18 @@ impl StoreError {
         let StoreError::Database(e) = self else {
             return None;
         };
-        e.as_database_error()?.code()?.parse().ok()
+        let e = e.as_database_error()?;
+        e.try_downcast_ref::<sqlx::sqlite::SqliteError>()?;
+        e.code()?.parse().ok()
+    }
+
+    fn postgres_code(&self) -> Option<&str> {
+        let StoreError::Database(e) = self else {
+            return None;
+        };
+        let e = e.as_database_error()?;
+        e.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            .map(|e| e.code())
     }
 }
 
@@ -244,7 +262,7 @@ pub trait Store: Send + Sync + 'static {
 /// The outcome of an `INSERT` of a `kind` record named `name` in `namespace`: a taken name
 /// is `Conflict`, a missing namespace (the foreign key) is `NotFound`.
 pub(crate) fn inserted(
-    result: std::result::Result<sqlx::sqlite::SqliteQueryResult, sqlx::Error>,
+    result: std::result::Result<sqlx::any::AnyQueryResult, sqlx::Error>,
     kind: &'static str,
     namespace: &str,
     name: &str,

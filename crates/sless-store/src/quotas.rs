@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use sqlx::Row;
 
-use crate::{Result, SqliteStore, StoreError};
+use crate::{Result, SqlStore, StoreError};
 
 #[async_trait]
 pub trait QuotaStore: Send + Sync + 'static {
@@ -18,9 +18,9 @@ pub trait QuotaStore: Send + Sync + 'static {
 }
 
 #[async_trait]
-impl QuotaStore for SqliteStore {
+impl QuotaStore for SqlStore {
     async fn namespace_quota(&self, namespace: &str) -> Result<Option<String>> {
-        let row = sqlx::query("SELECT quota FROM namespace_quotas WHERE namespace = ?")
+        let row = sqlx::query("SELECT quota FROM namespace_quotas WHERE namespace = $1")
             .bind(namespace)
             .fetch_optional(self.pool())
             .await?;
@@ -32,7 +32,7 @@ impl QuotaStore for SqliteStore {
             Some(q) => {
                 sqlx::query(
                     "INSERT INTO namespace_quotas (namespace, quota) \
-                     SELECT name, ? FROM namespaces WHERE name = ? \
+                     SELECT name, $1 FROM namespaces WHERE name = $2 \
                      ON CONFLICT (namespace) DO UPDATE SET quota = excluded.quota",
                 )
                 .bind(q)
@@ -41,7 +41,7 @@ impl QuotaStore for SqliteStore {
                 .await?
             }
             None => {
-                sqlx::query("DELETE FROM namespace_quotas WHERE namespace = ?")
+                sqlx::query("DELETE FROM namespace_quotas WHERE namespace = $1")
                     .bind(namespace)
                     .execute(self.pool())
                     .await?;
@@ -79,7 +79,7 @@ mod tests {
 
     #[tokio::test]
     async fn overrides_round_trip_and_go_with_their_namespace() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         store.ensure_namespace("a").await.unwrap();
         assert_eq!(store.namespace_quota("a").await.unwrap(), None);
         store

@@ -8,9 +8,9 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
+use sqlx::any::AnyRow;
 
-use crate::{Result, SqliteStore, StoreError, stamp, time};
+use crate::{Result, SqlStore, StoreError, stamp, time};
 
 /// One secret as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +95,7 @@ fn digest(sealed: &BTreeMap<String, Vec<u8>>) -> String {
     hex::encode(&h.finalize()[..16])
 }
 
-fn from_row(row: &SqliteRow) -> Result<SecretRecord> {
+fn from_row(row: &AnyRow) -> Result<SecretRecord> {
     let text: String = row.try_get("sealed")?;
     let encoded: BTreeMap<String, String> = serde_json::from_str(&text)?;
     let mut sealed = BTreeMap::new();
@@ -132,29 +132,28 @@ pub(crate) fn names_secret(v: &Value, name: &str) -> bool {
 }
 
 async fn references(
-    conn: &mut sqlx::SqliteConnection,
+    conn: &mut sqlx::AnyConnection,
     namespace: &str,
     name: &str,
 ) -> Result<SecretReferences> {
     let mut refs = SecretReferences::default();
-    // The cheap textual filter first; the JSON walk decides.
+    // The JSON walk decides (the same on every backend).
     for (query, out) in [
         (
-            "SELECT name, spec FROM functions WHERE namespace = ? AND instr(spec, ?) > 0 ORDER BY name",
+            "SELECT name, spec FROM functions WHERE namespace = $1 ORDER BY name",
             &mut refs.functions,
         ),
         (
-            "SELECT name, spec FROM triggers WHERE namespace = ? AND instr(spec, ?) > 0 ORDER BY name",
+            "SELECT name, spec FROM triggers WHERE namespace = $1 ORDER BY name",
             &mut refs.triggers,
         ),
         (
-            "SELECT name, spec FROM jobs WHERE namespace = ? AND instr(spec, ?) > 0 ORDER BY name",
+            "SELECT name, spec FROM jobs WHERE namespace = $1 ORDER BY name",
             &mut refs.jobs,
         ),
     ] {
         let rows = sqlx::query(query)
             .bind(namespace)
-            .bind(name)
             .fetch_all(&mut *conn)
             .await?;
         for row in rows {
@@ -168,7 +167,7 @@ async fn references(
 }
 
 #[async_trait]
-impl SecretStore for SqliteStore {
+impl SecretStore for SqlStore {
     async fn put_secret(
         &self,
         namespace: &str,
@@ -181,9 +180,9 @@ impl SecretStore for SqliteStore {
         let encoded: BTreeMap<&String, String> =
             sealed.iter().map(|(k, v)| (k, hex::encode(v))).collect();
         let text = serde_json::to_string(&encoded)?;
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.begin_write().await?;
         let existing: Option<String> =
-            sqlx::query("SELECT created_at FROM secrets WHERE namespace = ? AND name = ?")
+            sqlx::query("SELECT created_at FROM secrets WHERE namespace = $1 AND name = $2")
                 .bind(namespace)
                 .bind(name)
                 .fetch_optional(&mut *tx)
@@ -193,7 +192,7 @@ impl SecretStore for SqliteStore {
         let created_at = existing.as_deref().map(time).unwrap_or(now);
         let result = sqlx::query(
             "INSERT INTO secrets (namespace, name, sealed, digest, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (namespace, name) DO UPDATE SET \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (namespace, name) DO UPDATE SET \
              sealed = excluded.sealed, digest = excluded.digest, updated_at = excluded.updated_at",
         )
         .bind(namespace)
@@ -220,7 +219,7 @@ impl SecretStore for SqliteStore {
     }
 
     async fn get_secret(&self, namespace: &str, name: &str) -> Result<SecretRecord> {
-        let row = sqlx::query("SELECT * FROM secrets WHERE namespace = ? AND name = ?")
+        let row = sqlx::query("SELECT * FROM secrets WHERE namespace = $1 AND name = $2")
             .bind(namespace)
             .bind(name)
             .fetch_optional(self.pool())
@@ -233,7 +232,7 @@ impl SecretStore for SqliteStore {
     }
 
     async fn list_secrets(&self, namespace: &str) -> Result<Vec<SecretRecord>> {
-        sqlx::query("SELECT * FROM secrets WHERE namespace = ? ORDER BY name")
+        sqlx::query("SELECT * FROM secrets WHERE namespace = $1 ORDER BY name")
             .bind(namespace)
             .fetch_all(self.pool())
             .await?
@@ -252,12 +251,12 @@ impl SecretStore for SqliteStore {
         namespace: &str,
         name: &str,
     ) -> Result<std::result::Result<(), SecretReferences>> {
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.begin_write().await?;
         let refs = references(&mut tx, namespace, name).await?;
         if !refs.is_empty() {
             return Ok(Err(refs));
         }
-        let deleted = sqlx::query("DELETE FROM secrets WHERE namespace = ? AND name = ?")
+        let deleted = sqlx::query("DELETE FROM secrets WHERE namespace = $1 AND name = $2")
             .bind(namespace)
             .bind(name)
             .execute(&mut *tx)
@@ -280,7 +279,7 @@ mod tests {
 
     #[tokio::test]
     async fn secrets_are_replaced_listed_and_deleted_unless_referenced() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         store.ensure_namespace("ns").await.unwrap();
         let sealed = BTreeMap::from([("k".to_string(), vec![1, 2, 3])]);
         let (a, created) = store.put_secret("ns", "db", sealed.clone()).await.unwrap();

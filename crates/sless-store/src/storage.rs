@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use sqlx::Row;
 
 use crate::trash::parse_trash_name;
-use crate::{FunctionRecord, JobRecord, Result, SqliteStore};
+use crate::{FunctionRecord, JobRecord, Result, SqlStore};
 
 /// The function or job whose code is being replaced: its current archive is
 /// left out of the count, since the upload replaces it.
@@ -62,17 +62,17 @@ fn excluded<'a>(except: Option<CodeOwner<'a>>) -> (&'a str, &'a str) {
 macro_rules! named {
     () => {
         "SELECT code_sha256 FROM functions \
-         WHERE namespace = ? AND code_sha256 IS NOT NULL AND name != ? \
+         WHERE namespace = $1 AND code_sha256 IS NOT NULL AND name != $2 \
          UNION SELECT code_sha256 FROM jobs \
-         WHERE namespace = ? AND code_sha256 IS NOT NULL AND name != ?"
+         WHERE namespace = $3 AND code_sha256 IS NOT NULL AND name != $4"
     };
 }
 
 #[async_trait]
-impl StorageStore for SqliteStore {
+impl StorageStore for SqlStore {
     async fn record_blob(&self, sha256: &str, compressed: u64, unpacked: u64) -> Result<()> {
         sqlx::query(
-            "INSERT INTO blob_sizes (sha256, compressed, unpacked) VALUES (?, ?, ?) \
+            "INSERT INTO blob_sizes (sha256, compressed, unpacked) VALUES ($1, $2, $3) \
              ON CONFLICT (sha256) DO UPDATE SET compressed = excluded.compressed, unpacked = excluded.unpacked",
         )
         .bind(sha256)
@@ -90,7 +90,8 @@ impl StorageStore for SqliteStore {
     ) -> Result<u64> {
         let (function, job) = excluded(except);
         let row = sqlx::query(concat!(
-            "SELECT COALESCE(SUM(compressed + unpacked), 0) AS used FROM blob_sizes WHERE sha256 IN (",
+            "SELECT CAST(COALESCE(SUM(compressed + unpacked), 0) AS BIGINT) AS used \
+             FROM blob_sizes WHERE sha256 IN (",
             named!(),
             ")"
         ))
@@ -112,9 +113,9 @@ impl StorageStore for SqliteStore {
     ) -> Result<bool> {
         let (function, job) = excluded(except);
         let row = sqlx::query(concat!(
-            "SELECT EXISTS (SELECT 1 FROM (",
+            "SELECT CASE WHEN EXISTS (SELECT 1 FROM (",
             named!(),
-            ") WHERE code_sha256 = ?) AS named"
+            ") AS n WHERE code_sha256 = $5) THEN 1 ELSE 0 END AS named"
         ))
         .bind(namespace)
         .bind(function)
@@ -139,18 +140,18 @@ impl StorageStore for SqliteStore {
     }
 
     async fn trashed_code(&self) -> Result<(Vec<FunctionRecord>, Vec<JobRecord>)> {
-        let rows = sqlx::query("SELECT * FROM functions WHERE namespace GLOB '~trash~*'")
+        let rows = sqlx::query("SELECT * FROM functions WHERE namespace LIKE '~trash~%'")
             .fetch_all(self.pool())
             .await?;
         let mut functions = Vec::with_capacity(rows.len());
         for row in &rows {
-            let mut f = crate::sqlite::function_from_row(row)?;
+            let mut f = crate::db::function_from_row(row)?;
             if let Some((ns, _)) = parse_trash_name(&f.namespace) {
                 f.namespace = ns.to_string();
                 functions.push(f);
             }
         }
-        let rows = sqlx::query("SELECT * FROM jobs WHERE namespace GLOB '~trash~*'")
+        let rows = sqlx::query("SELECT * FROM jobs WHERE namespace LIKE '~trash~%'")
             .fetch_all(self.pool())
             .await?;
         let mut jobs = Vec::with_capacity(rows.len());
@@ -166,7 +167,7 @@ impl StorageStore for SqliteStore {
 
     async fn forget_blobs(&self, sha256s: &[String]) -> Result<()> {
         for sha in sha256s {
-            sqlx::query("DELETE FROM blob_sizes WHERE sha256 = ?")
+            sqlx::query("DELETE FROM blob_sizes WHERE sha256 = $1")
                 .bind(sha)
                 .execute(self.pool())
                 .await?;
@@ -182,7 +183,7 @@ mod tests {
 
     #[tokio::test]
     async fn usage_counts_each_named_archive_once_and_leaves_out_the_replaced_one() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         for ns in ["a", "b"] {
             store.ensure_namespace(ns).await.unwrap();
         }

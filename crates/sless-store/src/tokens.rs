@@ -1,13 +1,13 @@
 //! Namespace tokens as operators see them: listed by id (never by value or hash),
 //! revoked by id, and stamped with their last use. [`TokenStore`] is the seam;
-//! [`SqliteStore`] implements it in the same table that [`crate::Store`] creates
+//! [`SqlStore`] implements it in the same table that [`crate::Store`] creates
 //! tokens in.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
-use crate::{Result, SqliteStore, StoreError, stamp, time};
+use crate::{Result, SqlStore, StoreError, stamp, time};
 
 /// Hex digits of a token's hash that make its id: 48 bits, so ids of one server's
 /// tokens do not collide, while the id tells nothing about the token's value.
@@ -43,7 +43,7 @@ pub trait TokenStore: Send + Sync + 'static {
     async fn touch_token(&self, hash: &str, at: DateTime<Utc>) -> Result<()>;
 }
 
-fn token_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<TokenInfo> {
+fn token_from_row(row: &sqlx::any::AnyRow) -> Result<TokenInfo> {
     let hash: String = row.try_get("hash")?;
     let created_at: String = row.try_get("created_at")?;
     let last_used_at: Option<String> = row.try_get("last_used_at")?;
@@ -56,11 +56,11 @@ fn token_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<TokenInfo> {
 }
 
 #[async_trait]
-impl TokenStore for SqliteStore {
+impl TokenStore for SqlStore {
     async fn list_tokens(&self, namespace: Option<&str>) -> Result<Vec<TokenInfo>> {
         let rows = sqlx::query(
             "SELECT hash, namespace, created_at, last_used_at FROM tokens \
-             WHERE (?1 IS NULL OR namespace = ?1) AND namespace NOT GLOB '~trash~*' \
+             WHERE ($1 IS NULL OR namespace = $1) AND namespace NOT LIKE '~trash~%' \
              ORDER BY created_at, hash",
         )
         .bind(namespace)
@@ -78,8 +78,8 @@ impl TokenStore for SqliteStore {
             return Err(not_found());
         }
         let row = sqlx::query(
-            "DELETE FROM tokens WHERE substr(hash, 1, ?1) = ?2 AND (?3 IS NULL OR namespace = ?3) \
-             AND namespace NOT GLOB '~trash~*' \
+            "DELETE FROM tokens WHERE substr(hash, 1, CAST($1 AS INTEGER)) = $2 AND ($3 IS NULL OR namespace = $3) \
+             AND namespace NOT LIKE '~trash~%' \
              RETURNING hash, namespace, created_at, last_used_at",
         )
         .bind(TOKEN_ID_LEN as i64)
@@ -94,7 +94,7 @@ impl TokenStore for SqliteStore {
     }
 
     async fn touch_token(&self, hash: &str, at: DateTime<Utc>) -> Result<()> {
-        sqlx::query("UPDATE tokens SET last_used_at = ? WHERE hash = ?")
+        sqlx::query("UPDATE tokens SET last_used_at = $1 WHERE hash = $2")
             .bind(stamp(at))
             .bind(hash)
             .execute(self.pool())
@@ -110,7 +110,7 @@ mod tests {
 
     #[tokio::test]
     async fn tokens_are_listed_by_id_touched_and_deleted_within_their_namespace() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         store.ensure_namespace("a").await.unwrap();
         store.ensure_namespace("b").await.unwrap();
         let (ha, hb) = ("a".repeat(64), "b".repeat(64));

@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
-use crate::{FunctionRecord, Namespace, Result, SqliteStore, StoreError, time};
+use crate::{FunctionRecord, Namespace, Result, SqlStore, StoreError, time};
 
 /// What every hidden name starts with.
 pub const TRASH_PREFIX: &str = "~trash~";
@@ -37,7 +37,7 @@ macro_rules! namespaced {
     ($($table:literal),+ $(,)?) => {
         /// The tables a namespace's rows live in, all moved to and from the trash.
         pub const TABLES: &[&str] = &[$($table),+];
-        const RENAMES: &[&str] = &[$(concat!("UPDATE ", $table, " SET namespace = ?1 WHERE namespace = ?2")),+];
+        const RENAMES: &[&str] = &[$(concat!("UPDATE ", $table, " SET namespace = $1 WHERE namespace = $2")),+];
     };
 }
 
@@ -111,7 +111,7 @@ pub fn purge_cutoff(max_age: Duration) -> DateTime<Utc> {
 }
 
 /// Moves every row of namespace `from` to `to`, whose `namespaces` row exists.
-async fn move_rows(conn: &mut sqlx::SqliteConnection, from: &str, to: &str) -> Result<()> {
+async fn move_rows(conn: &mut sqlx::AnyConnection, from: &str, to: &str) -> Result<()> {
     for sql in RENAMES {
         sqlx::query(*sql)
             .bind(to)
@@ -123,7 +123,7 @@ async fn move_rows(conn: &mut sqlx::SqliteConnection, from: &str, to: &str) -> R
 }
 
 #[async_trait]
-impl TrashStore for SqliteStore {
+impl TrashStore for SqlStore {
     async fn trash_namespace(&self, name: &str) -> Result<Vec<FunctionRecord>> {
         let not_found = || StoreError::NotFound {
             kind: "namespace",
@@ -132,20 +132,20 @@ impl TrashStore for SqliteStore {
         if is_trash_name(name) {
             return Err(not_found());
         }
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.begin_write().await?;
         let created_at: String =
-            sqlx::query_scalar("SELECT created_at FROM namespaces WHERE name = ?")
+            sqlx::query_scalar("SELECT created_at FROM namespaces WHERE name = $1")
                 .bind(name)
                 .fetch_optional(&mut *tx)
                 .await?
                 .ok_or_else(not_found)?;
-        let functions = crate::sqlite::functions_of(&mut tx, name).await?;
+        let functions = crate::db::functions_of(&mut tx, name).await?;
         // Two deletes of one name within a microsecond still get names of their own.
         let mut at = Utc::now().timestamp_micros();
         let hidden = loop {
             let hidden = trash_name(name, at);
             let done = sqlx::query(
-                "INSERT INTO namespaces (name, created_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+                "INSERT INTO namespaces (name, created_at) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
             )
             .bind(&hidden)
             .bind(&created_at)
@@ -157,7 +157,7 @@ impl TrashStore for SqliteStore {
             at += 1;
         };
         move_rows(&mut tx, name, &hidden).await?;
-        sqlx::query("DELETE FROM namespaces WHERE name = ?")
+        sqlx::query("DELETE FROM namespaces WHERE name = $1")
             .bind(name)
             .execute(&mut *tx)
             .await?;
@@ -166,7 +166,7 @@ impl TrashStore for SqliteStore {
     }
 
     async fn restore_namespace(&self, name: &str) -> Result<Namespace> {
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.begin_write().await?;
         let newest = trashed(&mut tx)
             .await?
             .into_iter()
@@ -175,7 +175,7 @@ impl TrashStore for SqliteStore {
                 kind: "namespace",
                 name: name.to_string(),
             })?;
-        let taken = sqlx::query("SELECT 1 FROM namespaces WHERE name = ?")
+        let taken = sqlx::query("SELECT 1 FROM namespaces WHERE name = $1")
             .bind(name)
             .fetch_optional(&mut *tx)
             .await?;
@@ -185,13 +185,13 @@ impl TrashStore for SqliteStore {
                 name: name.to_string(),
             });
         }
-        sqlx::query("INSERT INTO namespaces (name, created_at) VALUES (?, ?)")
+        sqlx::query("INSERT INTO namespaces (name, created_at) VALUES ($1, $2)")
             .bind(name)
             .bind(crate::stamp(newest.created_at))
             .execute(&mut *tx)
             .await?;
         move_rows(&mut tx, &newest.hidden, name).await?;
-        sqlx::query("DELETE FROM namespaces WHERE name = ?")
+        sqlx::query("DELETE FROM namespaces WHERE name = $1")
             .bind(&newest.hidden)
             .execute(&mut *tx)
             .await?;
@@ -214,8 +214,8 @@ impl TrashStore for SqliteStore {
                 continue;
             }
             // One transaction per namespace: the write lock is never held for long.
-            let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
-            let exists = sqlx::query("SELECT 1 FROM namespaces WHERE name = ?")
+            let mut tx = self.begin_write().await?;
+            let exists = sqlx::query("SELECT 1 FROM namespaces WHERE name = $1")
                 .bind(&t.hidden)
                 .fetch_optional(&mut *tx)
                 .await?;
@@ -223,9 +223,9 @@ impl TrashStore for SqliteStore {
                 // Restored (or purged) meanwhile.
                 continue;
             }
-            crate::sqlite::delete_namespace_rows(&mut tx, &t.hidden).await?;
+            crate::db::delete_namespace_rows(&mut tx, &t.hidden).await?;
             // Its records are reachable by nothing any more.
-            sqlx::query("DELETE FROM invocations WHERE namespace = ?")
+            sqlx::query("DELETE FROM invocations WHERE namespace = $1")
                 .bind(&t.hidden)
                 .execute(&mut *tx)
                 .await?;
@@ -237,8 +237,8 @@ impl TrashStore for SqliteStore {
 }
 
 /// Every namespace in the trash, newest first.
-async fn trashed(conn: &mut sqlx::SqliteConnection) -> Result<Vec<TrashedNamespace>> {
-    let rows = sqlx::query("SELECT name, created_at FROM namespaces WHERE name GLOB '~trash~*'")
+async fn trashed(conn: &mut sqlx::AnyConnection) -> Result<Vec<TrashedNamespace>> {
+    let rows = sqlx::query("SELECT name, created_at FROM namespaces WHERE name LIKE '~trash~%'")
         .fetch_all(&mut *conn)
         .await?;
     let mut all = Vec::with_capacity(rows.len());
@@ -276,7 +276,7 @@ mod tests {
     const SHA: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
     /// A namespace with a row in every table of [`TABLES`].
-    async fn populate(store: &SqliteStore, ns: &str, function: &str) {
+    async fn populate(store: &SqlStore, ns: &str, function: &str) {
         let now = Utc::now();
         store.ensure_namespace(ns).await.unwrap();
         let mut spec: sless_core::FunctionSpec =
@@ -411,7 +411,7 @@ mod tests {
     }
 
     /// How many rows each table holds for `ns`.
-    async fn counts(store: &SqliteStore, ns: &str) -> BTreeMap<&'static str, i64> {
+    async fn counts(store: &SqlStore, ns: &str) -> BTreeMap<&'static str, i64> {
         let mut counts = BTreeMap::new();
         for (table, sql) in TABLES.iter().zip(COUNTS) {
             let n: i64 = sqlx::query_scalar(*sql)
@@ -426,7 +426,7 @@ mod tests {
 
     macro_rules! count_statements {
         ($($table:literal),+ $(,)?) => {
-            const COUNTS: &[&str] = &[$(concat!("SELECT COUNT(*) FROM ", $table, " WHERE namespace = ?")),+];
+            const COUNTS: &[&str] = &[$(concat!("SELECT COUNT(*) FROM ", $table, " WHERE namespace = $1")),+];
         };
     }
     count_statements!(
@@ -453,14 +453,21 @@ mod tests {
 
     #[tokio::test]
     async fn every_table_with_a_namespace_column_goes_to_the_trash_but_the_audit_log() {
-        let store = SqliteStore::in_memory().await.unwrap();
-        let tables: Vec<String> = sqlx::query_scalar(
-            "SELECT m.name FROM sqlite_schema m JOIN pragma_table_info(m.name) p \
-             WHERE m.type = 'table' AND p.name = 'namespace' ORDER BY m.name",
-        )
-        .fetch_all(store.pool())
-        .await
-        .unwrap();
+        let store = crate::testing::store().await;
+        let sql = match store.backend() {
+            crate::Backend::Sqlite => {
+                "SELECT m.name FROM sqlite_schema m JOIN pragma_table_info(m.name) p \
+                 WHERE m.type = 'table' AND p.name = 'namespace' ORDER BY m.name"
+            }
+            crate::Backend::Postgres => {
+                "SELECT CAST(table_name AS TEXT) FROM information_schema.columns \
+                 WHERE table_schema = 'public' AND column_name = 'namespace' ORDER BY table_name"
+            }
+        };
+        let tables: Vec<String> = sqlx::query_scalar(sql)
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
         let mut expected: Vec<String> = TABLES
             .iter()
             .map(|t| t.to_string())
@@ -480,7 +487,7 @@ mod tests {
 
     #[tokio::test]
     async fn trash_then_restore_brings_every_row_back_and_hides_it_meanwhile() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         populate(&store, "team", "hello").await;
         populate(&store, "other", "hello").await;
         let before = counts(&store, "team").await;
@@ -642,7 +649,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_name_in_use_again_conflicts_and_the_newest_delete_comes_back() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         assert!(matches!(
             store.restore_namespace("team").await,
             Err(StoreError::NotFound { .. })
@@ -693,7 +700,7 @@ mod tests {
 
     #[tokio::test]
     async fn purge_deletes_what_was_trashed_before_the_cutoff_for_good() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         populate(&store, "team", "hello").await;
         populate(&store, "other", "hello").await;
         store.trash_namespace("team").await.unwrap();

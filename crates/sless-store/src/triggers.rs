@@ -4,10 +4,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sless_core::{TriggerKind, TriggerSpec, TriggerStatus};
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
+use sqlx::any::AnyRow;
 
 use crate::cas::Cas;
-use crate::{Edit, Result, SqliteStore, StoreError, stamp, time};
+use crate::{Edit, Result, SqlStore, StoreError, stamp, time};
 
 /// A trigger as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,7 +59,7 @@ pub trait TriggerStore: Send + Sync + 'static {
     ) -> Result<Vec<String>>;
 }
 
-fn from_row(row: &SqliteRow) -> Result<TriggerRecord> {
+fn from_row(row: &AnyRow) -> Result<TriggerRecord> {
     Ok(TriggerRecord {
         namespace: row.try_get("namespace")?,
         name: row.try_get("name")?,
@@ -78,16 +78,16 @@ fn kind(spec: &TriggerSpec) -> &'static str {
 }
 
 #[async_trait]
-impl TriggerStore for SqliteStore {
+impl TriggerStore for SqlStore {
     async fn create_trigger(&self, r: &TriggerRecord) -> Result<()> {
         // An HTTP trigger claims its path in the transaction that writes it, which
         // holds SQLite's write lock from its first read: two writers cannot both
         // find a path free.
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.begin_write().await?;
         claim_path(&mut tx, &r.namespace, &r.name, &r.spec).await?;
         let result = sqlx::query(
             "INSERT INTO triggers (namespace, name, function, kind, spec, status, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(&r.namespace)
         .bind(&r.name)
@@ -105,7 +105,7 @@ impl TriggerStore for SqliteStore {
     }
 
     async fn get_trigger(&self, namespace: &str, name: &str) -> Result<TriggerRecord> {
-        let row = sqlx::query("SELECT * FROM triggers WHERE namespace = ? AND name = ?")
+        let row = sqlx::query("SELECT * FROM triggers WHERE namespace = $1 AND name = $2")
             .bind(namespace)
             .bind(name)
             .fetch_optional(self.pool())
@@ -120,7 +120,7 @@ impl TriggerStore for SqliteStore {
     async fn list_triggers(&self, namespace: Option<&str>) -> Result<Vec<TriggerRecord>> {
         let rows = match namespace {
             Some(ns) => {
-                sqlx::query("SELECT * FROM triggers WHERE namespace = ? ORDER BY name")
+                sqlx::query("SELECT * FROM triggers WHERE namespace = $1 ORDER BY name")
                     .bind(ns)
                     .fetch_all(self.pool())
                     .await?
@@ -161,11 +161,11 @@ impl TriggerStore for SqliteStore {
                 ..current.clone()
             };
             let spec = &record.spec;
-            let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+            let mut tx = self.begin_write().await?;
             claim_path(&mut tx, namespace, name, spec).await?;
             let done = sqlx::query(
-                "UPDATE triggers SET spec = ?, function = ?, generation = ?, updated_at = ? \
-                 WHERE namespace = ? AND name = ? AND generation = ?",
+                "UPDATE triggers SET spec = $1, function = $2, generation = $3, updated_at = $4 \
+                 WHERE namespace = $5 AND name = $6 AND generation = $7",
             )
             .bind(serde_json::to_string(spec)?)
             .bind(&spec.function)
@@ -191,7 +191,7 @@ impl TriggerStore for SqliteStore {
         name: &str,
         status: &TriggerStatus,
     ) -> Result<()> {
-        sqlx::query("UPDATE triggers SET status = ? WHERE namespace = ? AND name = ?")
+        sqlx::query("UPDATE triggers SET status = $1 WHERE namespace = $2 AND name = $3")
             .bind(serde_json::to_string(status)?)
             .bind(namespace)
             .bind(name)
@@ -201,7 +201,7 @@ impl TriggerStore for SqliteStore {
     }
 
     async fn delete_trigger(&self, namespace: &str, name: &str) -> Result<()> {
-        let done = sqlx::query("DELETE FROM triggers WHERE namespace = ? AND name = ?")
+        let done = sqlx::query("DELETE FROM triggers WHERE namespace = $1 AND name = $2")
             .bind(namespace)
             .bind(name)
             .execute(self.pool())
@@ -220,12 +220,13 @@ impl TriggerStore for SqliteStore {
         namespace: &str,
         function: &str,
     ) -> Result<Vec<String>> {
-        let rows =
-            sqlx::query("DELETE FROM triggers WHERE namespace = ? AND function = ? RETURNING name")
-                .bind(namespace)
-                .bind(function)
-                .fetch_all(self.pool())
-                .await?;
+        let rows = sqlx::query(
+            "DELETE FROM triggers WHERE namespace = $1 AND function = $2 RETURNING name",
+        )
+        .bind(namespace)
+        .bind(function)
+        .fetch_all(self.pool())
+        .await?;
         rows.iter().map(|r| Ok(r.try_get("name")?)).collect()
     }
 }
@@ -234,7 +235,7 @@ impl TriggerStore for SqliteStore {
 /// another trigger of the namespace already routes. Run inside the writing
 /// transaction (begun `IMMEDIATE`), so the answer holds until the write commits.
 async fn claim_path(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     namespace: &str,
     name: &str,
     spec: &TriggerSpec,
@@ -242,15 +243,24 @@ async fn claim_path(
     let TriggerKind::Http { path, .. } = &spec.kind else {
         return Ok(());
     };
-    let owner: Option<String> = sqlx::query_scalar(
-        "SELECT name FROM triggers WHERE namespace = ? AND name <> ? \
-         AND json_extract(spec, '$.type') = 'http' AND json_extract(spec, '$.path') = ? LIMIT 1",
+    // The namespace's other HTTP triggers, their paths compared here: portable
+    // across the backends' JSON functions, and a namespace holds few of them.
+    let rows = sqlx::query(
+        "SELECT name, spec FROM triggers WHERE namespace = $1 AND name <> $2 AND kind = 'http' \
+         ORDER BY name",
     )
     .bind(namespace)
     .bind(name)
-    .bind(path)
-    .fetch_optional(&mut **tx)
+    .fetch_all(&mut **tx)
     .await?;
+    let mut owner = None;
+    for row in rows {
+        let other: TriggerSpec = serde_json::from_str(&row.try_get::<String, _>("spec")?)?;
+        if matches!(&other.kind, TriggerKind::Http { path: p, .. } if p == path) {
+            owner = Some(row.try_get::<String, _>("name")?);
+            break;
+        }
+    }
     match owner {
         Some(owner) => Err(StoreError::PathTaken {
             path: path.clone(),

@@ -29,7 +29,7 @@ use sless_invoke::{HttpRoutes, Invoker};
 use sless_logs::LogStore;
 use sless_records::{RecordSink, Recorder, RecorderConfig, Retention};
 use sless_sandbox::{Sandbox, SandboxConfig};
-use sless_store::{InvocationStore, JobStore, SqliteStore, Store, TriggerStore};
+use sless_store::{InvocationStore, JobStore, SqlStore, Store, TriggerStore};
 use tokio_util::sync::CancellationToken;
 
 const PYTHON_SHIM: &str = include_str!("../../../runtimes/python/sless_runtime.py");
@@ -45,6 +45,11 @@ pub struct ServeArgs {
     /// Where metadata, code, builds and logs live [default: $XDG_DATA_HOME/sless or ~/.local/share/sless].
     #[arg(long, env = "SLESS_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Where metadata, invocation records, telemetry and queued calls are kept:
+    /// `postgres://user:password@host:5432/db` for PostgreSQL, or `sqlite://PATH`.
+    /// Without it, the SQLite file `<data-dir>/sless.db`.
+    #[arg(long, env = "SLESS_DATABASE_URL", value_name = "URL")]
+    pub database_url: Option<String>,
     /// Base URL that function URLs are reported with [default: http://<listen>].
     #[arg(long, env = "SLESS_PUBLIC_URL")]
     pub public_url: Option<String>,
@@ -531,11 +536,22 @@ async fn build(args: ServeArgs) -> Result<Server> {
         .unwrap_or_else(|| PathBuf::from("/dev/shm"))
         .join(format!("{}-secrets", cgroup_name(&data_dir)));
 
-    let sqlite = Arc::new(
-        SqliteStore::open(&data_dir.join("sless.db"))
+    // The SQLite file the store keeps (watched for being removed while serving).
+    let db_file = match &args.database_url {
+        None => Some(data_dir.join("sless.db")),
+        Some(url) => sless_store::sqlite_file(url).map(PathBuf::from),
+    };
+    let sqlite = Arc::new(match &args.database_url {
+        Some(url) => SqlStore::from_url(url).await.with_context(|| {
+            format!(
+                "cannot open the metadata store at {}",
+                sless_store::redact_url(url)
+            )
+        })?,
+        None => SqlStore::open(&data_dir.join("sless.db"))
             .await
             .with_context(|| format!("cannot open the metadata store in {}", data_dir.display()))?,
-    );
+    });
     let invocations: Arc<dyn InvocationStore> = sqlite.clone();
     let record_sink: Arc<dyn RecordSink> = sqlite.clone();
     let trigger_store: Arc<dyn TriggerStore> = sqlite.clone();
@@ -874,7 +890,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
         body_timeout: Duration::from_secs(args.body_timeout_sec),
         storage: Arc::new(sless_api::Storage::new(
             data_dir.clone(),
-            data_dir.join("sless.db"),
+            db_file,
             args.min_free_mb * MIB,
         )),
         max_invoke_body: (args.max_body_mb * MIB) as usize,

@@ -4,7 +4,7 @@
 
 use axum::http::{HeaderMap, Method, StatusCode};
 use serde_json::{Value, json};
-use sless_store::{JobStore, SqliteStore, Store, TriggerStore};
+use sless_store::{JobStore, SqlStore, Store, TriggerStore};
 
 use crate::harness::{App, Req, zip};
 
@@ -49,10 +49,8 @@ async fn app_with_objects() -> App {
 
 /// The store of a test server, opened beside it, to write status as the controller,
 /// the scheduler and the job runner do.
-async fn store(app: &App) -> SqliteStore {
-    SqliteStore::open(&app.server.data_dir().join("sless.db"))
-        .await
-        .unwrap()
+async fn store(app: &App) -> SqlStore {
+    app.open_store().await
 }
 
 /// A patch that changes a spec, different for every number.

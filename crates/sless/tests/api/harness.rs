@@ -17,6 +17,8 @@ pub const MAX_ARCHIVE_MB: u64 = 1;
 /// test uploads code that would be built).
 pub struct App {
     pub server: Server,
+    /// `--database-url` (`None`: the SQLite file in the data directory).
+    pub database_url: Option<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -102,9 +104,26 @@ impl App {
             }
         }
         argv.extend_from_slice(flags);
+        let database_url = backends::new_database_url().await;
+        if let Some(url) = &database_url {
+            argv.extend(["--database-url", url.as_str()]);
+        }
         let args = ServeArgs::from_flags(argv).expect("flags");
         let server = Server::build(args).await.expect("server builds");
-        App { server, _dir: dir }
+        App {
+            server,
+            database_url,
+            _dir: dir,
+        }
+    }
+
+    /// A second connection to the server's metadata store, for looking behind the API.
+    pub async fn open_store(&self) -> sless_store::SqlStore {
+        match &self.database_url {
+            Some(url) => sless_store::SqlStore::from_url(url).await,
+            None => sless_store::SqlStore::open(&self.server.data_dir().join("sless.db")).await,
+        }
+        .expect("the store opens")
     }
 
     pub async fn start() -> App {
@@ -233,6 +252,9 @@ impl App {
         body["token"].as_str().expect("token").to_string()
     }
 }
+
+#[path = "../support/backends.rs"]
+pub mod backends;
 
 #[path = "../support/zip.rs"]
 mod archive;

@@ -5,7 +5,7 @@
 
 use axum::http::Method;
 use serde_json::{Value, json};
-use sless_store::{SqliteStore, TrashStore};
+use sless_store::TrashStore;
 
 use crate::harness::{App, Req};
 
@@ -127,9 +127,7 @@ async fn a_force_deleted_namespace_is_gone_until_it_is_restored_whole() {
     let (status, _) = app.send(Req::get("/t/team-a/web").token(None)).await;
     assert_eq!(status.as_u16(), 404);
     // Not even the admin reaches the name it is hidden under.
-    let store = SqliteStore::open(&app.server.data_dir().join("sless.db"))
-        .await
-        .unwrap();
+    let store = app.open_store().await;
     let trash = store.trashed_namespaces().await.unwrap();
     assert_eq!(trash.len(), 1);
     let hidden = &trash[0].hidden;

@@ -17,6 +17,8 @@ pub struct Server {
     _dir: Option<tempfile::TempDir>,
     pub client: Client,
     extra_args: Vec<String>,
+    /// `--database-url`, kept across restarts (`None`: the SQLite file in `data_dir`).
+    pub database_url: Option<String>,
 }
 
 /// Starts `cmd` (a `sless serve` that listens on `127.0.0.1:0`) and waits for its
@@ -82,6 +84,7 @@ impl Server {
             _dir: Some(dir),
             client: Client::new("http://127.0.0.1:0", Some(TOKEN.into())).expect("client"),
             extra_args: args.iter().map(|s| s.to_string()).collect(),
+            database_url: backends::new_database_url().await,
         };
         server.spawn().await;
         server
@@ -101,6 +104,7 @@ impl Server {
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(&self.extra_args)
+            .args(self.database_url.iter().flat_map(|u| ["--database-url", u]))
             .env("SLESS_ADMIN_TOKEN", TOKEN)
             .env("SLESS_LOG", "warn")
             .stdin(Stdio::null())
@@ -275,6 +279,9 @@ pub fn zip(files: &[(&str, &str)]) -> Vec<u8> {
             .collect::<Vec<_>>(),
     )
 }
+
+#[path = "../support/backends.rs"]
+pub mod backends;
 
 #[path = "../support/zip.rs"]
 mod archive;

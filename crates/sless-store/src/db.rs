@@ -1,54 +1,126 @@
-//! The embedded SQLite adapter (WAL mode, migrations run at open).
+//! The SQL adapter: one implementation of the store traits over sqlx's `Any`
+//! driver, on SQLite (embedded, the default: WAL mode, one file) or PostgreSQL
+//! (`--database-url postgres://...`). Migrations run at open, from `migrations/`
+//! or `migrations-postgres/` (the same schema, written for each).
 
 use std::path::Path;
 use std::str::FromStr;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
-};
-use sqlx::{Row, SqlitePool};
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
 
 use crate::cas::Cas;
 use crate::{FunctionChange, FunctionRecord, Namespace, Result, Store, StoreError, time};
 
-/// Metadata in one SQLite file.
+/// Which database a [`SqlStore`] runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
+
+/// Metadata, records, telemetry and queued calls in one SQL database.
 ///
 /// No lock of its own: read-modify-write updates are compare-and-swaps on the
-/// object's generation (see [`crate::cas`]), and SQLite serialises the writes, each
-/// waiting up to the busy timeout for the one writer's lock. The transactions that
-/// read before they write (deleting a namespace, moving it to and from the trash,
-/// purging the trash) start with `BEGIN IMMEDIATE`, so each holds the write lock from
-/// its first read and cannot fail with `SQLITE_BUSY` when another connection wrote
-/// since that read.
-pub struct SqliteStore {
-    pool: SqlitePool,
+/// object's generation (see [`crate::cas`]). The transactions that read before they
+/// write (deleting a namespace, moving it to and from the trash, purging the trash)
+/// start with [`SqlStore::begin_write`]: on SQLite `BEGIN IMMEDIATE`, which holds the
+/// one writer's lock from the first read (so it cannot fail with `SQLITE_BUSY` when
+/// another connection wrote since that read); on PostgreSQL a transaction-scoped
+/// advisory lock, which serialises those transactions the same way.
+pub struct SqlStore {
+    pool: AnyPool,
+    backend: Backend,
     /// Group commits of async calls' writes (started with the store).
     calls: crate::calls::CallWriter,
 }
 
-impl SqliteStore {
-    /// Opens (creating if needed) the database at `path` and runs migrations.
+/// The advisory lock key [`SqlStore::begin_write`] takes on PostgreSQL.
+const WRITE_LOCK: i64 = 0x0073_6c65_7373; // "sless"
+
+impl SqlStore {
+    /// Opens (creating if needed) the SQLite database at `path` and runs migrations.
     pub async fn open(path: &Path) -> Result<Self> {
-        let options = SqliteConnectOptions::from_str("sqlite://")?
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
-            .foreign_keys(true)
-            .busy_timeout(std::time::Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new()
+        sqlx::any::install_default_drivers();
+        let path = path
+            .to_str()
+            .ok_or_else(|| StoreError::Config(format!("{}: not a UTF-8 path", path.display())))?;
+        // `Any` takes its options as a URL; `mode=rwc` creates the file if missing.
+        let options = AnyConnectOptions::from_str(&format!("sqlite://{path}?mode=rwc"))?;
+        let pool = AnyPoolOptions::new()
             .max_connections(4)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    for pragma in [
+                        "PRAGMA journal_mode = WAL",
+                        "PRAGMA synchronous = NORMAL",
+                        "PRAGMA foreign_keys = ON",
+                        "PRAGMA busy_timeout = 10000",
+                    ] {
+                        sqlx::query(pragma).execute(&mut *conn).await?;
+                    }
+                    Ok(())
+                })
+            })
             .connect_with(options)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self::with_pool(pool))
+        Ok(Self::with_pool(pool, Backend::Sqlite))
     }
 
-    fn with_pool(pool: SqlitePool) -> Self {
-        let calls = crate::calls::CallWriter::start(pool.clone());
-        Self { pool, calls }
+    /// Connects to the PostgreSQL database at `url` (`postgres://user:password@host/db`)
+    /// and runs migrations.
+    pub async fn connect_postgres(url: &str) -> Result<Self> {
+        sqlx::any::install_default_drivers();
+        let options = AnyConnectOptions::from_str(url)?;
+        let pool = AnyPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await?;
+        sqlx::migrate!("./migrations-postgres").run(&pool).await?;
+        Ok(Self::with_pool(pool, Backend::Postgres))
+    }
+
+    /// Opens the store a `--database-url` names: `postgres://` (or `postgresql://`)
+    /// for PostgreSQL, `sqlite://PATH` for a SQLite file.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Self::connect_postgres(url).await
+        } else if let Some(path) = sqlite_file(url) {
+            Self::open(Path::new(path)).await
+        } else {
+            Err(StoreError::Config(format!(
+                "--database-url: {} is neither postgres://... nor sqlite://PATH",
+                redact_url(url)
+            )))
+        }
+    }
+
+    fn with_pool(pool: AnyPool, backend: Backend) -> Self {
+        let calls = crate::calls::CallWriter::start(pool.clone(), backend);
+        Self {
+            pool,
+            backend,
+            calls,
+        }
+    }
+
+    /// The database this store runs on.
+    pub fn backend(&self) -> Backend {
+        self.backend
     }
 
     /// The writer async calls' lifecycle writes go through.
@@ -57,19 +129,75 @@ impl SqliteStore {
     }
 
     /// The connection pool, for the other record kinds kept in the same database.
-    pub(crate) fn pool(&self) -> &SqlitePool {
+    pub(crate) fn pool(&self) -> &AnyPool {
         &self.pool
     }
 
-    /// An in-memory database, for tests.
+    /// A transaction that reads before it writes, serialised with every other such
+    /// transaction (see the type's doc).
+    pub(crate) async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>> {
+        match self.backend {
+            Backend::Sqlite => Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?),
+            Backend::Postgres => {
+                let mut tx = self.pool.begin().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind(WRITE_LOCK)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(tx)
+            }
+        }
+    }
+
+    /// An in-memory SQLite database, for tests.
     pub async fn in_memory() -> Result<Self> {
-        let options = SqliteConnectOptions::from_str("sqlite::memory:")?.foreign_keys(true);
-        let pool = SqlitePoolOptions::new()
+        sqlx::any::install_default_drivers();
+        let options = AnyConnectOptions::from_str("sqlite::memory:")?;
+        let pool = AnyPoolOptions::new()
             .max_connections(1)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::query("PRAGMA foreign_keys = ON")
+                        .execute(&mut *conn)
+                        .await?;
+                    Ok(())
+                })
+            })
             .connect_with(options)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self::with_pool(pool))
+        Ok(Self::with_pool(pool, Backend::Sqlite))
+    }
+}
+
+/// The file a `sqlite://PATH` (or `sqlite:PATH`) URL names.
+pub fn sqlite_file(url: &str) -> Option<&str> {
+    let path = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = path.split('?').next().unwrap_or(path);
+    (!path.is_empty()).then_some(path)
+}
+
+/// `url` with its password replaced by `***`, for logs and `--print-config`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, tail) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}{tail}")
+            } else {
+                url.to_string()
+            }
+        }
+        None => url.to_string(),
     }
 }
 
@@ -77,7 +205,7 @@ fn now() -> String {
     crate::stamp(Utc::now())
 }
 
-pub(crate) fn function_from_row(row: &SqliteRow) -> Result<FunctionRecord> {
+pub(crate) fn function_from_row(row: &AnyRow) -> Result<FunctionRecord> {
     let spec: String = row.try_get("spec")?;
     let status: String = row.try_get("status")?;
     let revision: i64 = row.try_get("revision")?;
@@ -103,13 +231,13 @@ macro_rules! function_columns {
 
 /// The functions of one namespace, inside a transaction.
 pub(crate) async fn functions_of(
-    conn: &mut sqlx::SqliteConnection,
+    conn: &mut sqlx::AnyConnection,
     namespace: &str,
 ) -> Result<Vec<FunctionRecord>> {
     let rows = sqlx::query(concat!(
         "SELECT ",
         function_columns!(),
-        " FROM functions WHERE namespace = ?"
+        " FROM functions WHERE namespace = $1"
     ))
     .bind(namespace)
     .fetch_all(&mut *conn)
@@ -120,20 +248,20 @@ pub(crate) async fn functions_of(
 /// Deletes a namespace and everything in it (its quota overrides by the foreign
 /// key's cascade), inside the caller's transaction. Invocation records stay.
 pub(crate) async fn delete_namespace_rows(
-    conn: &mut sqlx::SqliteConnection,
+    conn: &mut sqlx::AnyConnection,
     name: &str,
 ) -> Result<()> {
     for sql in [
-        "DELETE FROM functions WHERE namespace = ?",
-        "DELETE FROM triggers WHERE namespace = ?",
-        "DELETE FROM jobs WHERE namespace = ?",
-        "DELETE FROM secrets WHERE namespace = ?",
-        "DELETE FROM async_calls WHERE namespace = ?",
-        "DELETE FROM dead_letters WHERE namespace = ?",
-        "DELETE FROM telemetry WHERE namespace = ?",
-        "DELETE FROM devices WHERE namespace = ?",
-        "DELETE FROM tokens WHERE namespace = ?",
-        "DELETE FROM namespaces WHERE name = ?",
+        "DELETE FROM functions WHERE namespace = $1",
+        "DELETE FROM triggers WHERE namespace = $1",
+        "DELETE FROM jobs WHERE namespace = $1",
+        "DELETE FROM secrets WHERE namespace = $1",
+        "DELETE FROM async_calls WHERE namespace = $1",
+        "DELETE FROM dead_letters WHERE namespace = $1",
+        "DELETE FROM telemetry WHERE namespace = $1",
+        "DELETE FROM devices WHERE namespace = $1",
+        "DELETE FROM tokens WHERE namespace = $1",
+        "DELETE FROM namespaces WHERE name = $1",
     ] {
         sqlx::query(sql).bind(name).execute(&mut *conn).await?;
     }
@@ -141,18 +269,20 @@ pub(crate) async fn delete_namespace_rows(
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl Store for SqlStore {
     async fn ping(&self) -> Result<()> {
         // A read of the schema goes through the database file, unlike `SELECT 1`.
-        sqlx::query("SELECT count(*) FROM sqlite_schema")
-            .execute(&self.pool)
-            .await?;
+        let sql = match self.backend {
+            Backend::Sqlite => "SELECT count(*) FROM sqlite_schema",
+            Backend::Postgres => "SELECT count(*) FROM namespaces",
+        };
+        sqlx::query(sql).execute(&self.pool).await?;
         Ok(())
     }
 
     async fn ensure_namespace(&self, name: &str) -> Result<bool> {
         let done = sqlx::query(
-            "INSERT INTO namespaces (name, created_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+            "INSERT INTO namespaces (name, created_at) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
         )
         .bind(name)
         .bind(now())
@@ -162,7 +292,7 @@ impl Store for SqliteStore {
     }
 
     async fn get_namespace(&self, name: &str) -> Result<Namespace> {
-        let row = sqlx::query("SELECT name, created_at FROM namespaces WHERE name = ?")
+        let row = sqlx::query("SELECT name, created_at FROM namespaces WHERE name = $1")
             .bind(name)
             .fetch_optional(&self.pool)
             .await?
@@ -195,8 +325,8 @@ impl Store for SqliteStore {
     }
 
     async fn delete_namespace(&self, name: &str, force: bool) -> Result<Vec<FunctionRecord>> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let exists = sqlx::query("SELECT 1 FROM namespaces WHERE name = ?")
+        let mut tx = self.begin_write().await?;
+        let exists = sqlx::query("SELECT 1 FROM namespaces WHERE name = $1")
             .bind(name)
             .fetch_optional(&mut *tx)
             .await?;
@@ -208,7 +338,7 @@ impl Store for SqliteStore {
         }
         let functions = functions_of(&mut tx, name).await?;
         // Devices count as content too: their credentials cannot be made again.
-        let devices: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM devices WHERE namespace = ?")
+        let devices: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM devices WHERE namespace = $1")
             .bind(name)
             .fetch_one(&mut *tx)
             .await?;
@@ -224,7 +354,7 @@ impl Store for SqliteStore {
         let result = sqlx::query(concat!(
             "INSERT INTO functions (",
             function_columns!(),
-            ") VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)"
+            ") VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $8)"
         ))
         .bind(&r.namespace)
         .bind(&r.name)
@@ -243,7 +373,7 @@ impl Store for SqliteStore {
         let row = sqlx::query(concat!(
             "SELECT ",
             function_columns!(),
-            " FROM functions WHERE namespace = ? AND name = ?"
+            " FROM functions WHERE namespace = $1 AND name = $2"
         ))
         .bind(namespace)
         .bind(name)
@@ -262,7 +392,7 @@ impl Store for SqliteStore {
                 sqlx::query(concat!(
                     "SELECT ",
                     function_columns!(),
-                    " FROM functions WHERE namespace = ? ORDER BY name"
+                    " FROM functions WHERE namespace = $1 ORDER BY name"
                 ))
                 .bind(ns)
                 .fetch_all(&self.pool)
@@ -307,8 +437,8 @@ impl Store for SqliteStore {
             record.generation += 1;
             record.updated_at = Utc::now();
             let done = sqlx::query(
-                "UPDATE functions SET spec = ?, code_sha256 = ?, revision = ?, generation = ?, updated_at = ? \
-                 WHERE namespace = ? AND name = ? AND generation = ?",
+                "UPDATE functions SET spec = $1, code_sha256 = $2, revision = $3, generation = $4, updated_at = $5 \
+                 WHERE namespace = $6 AND name = $7 AND generation = $8",
             )
             .bind(serde_json::to_string(&record.spec)?)
             .bind(&record.code_sha256)
@@ -335,7 +465,7 @@ impl Store for SqliteStore {
         status: &sless_core::FunctionStatus,
     ) -> Result<bool> {
         let done = sqlx::query(
-            "UPDATE functions SET status = ? WHERE namespace = ? AND name = ? AND revision = ?",
+            "UPDATE functions SET status = $1 WHERE namespace = $2 AND name = $3 AND revision = $4",
         )
         .bind(serde_json::to_string(status)?)
         .bind(namespace)
@@ -347,7 +477,7 @@ impl Store for SqliteStore {
     }
 
     async fn delete_function(&self, namespace: &str, name: &str) -> Result<()> {
-        let done = sqlx::query("DELETE FROM functions WHERE namespace = ? AND name = ?")
+        let done = sqlx::query("DELETE FROM functions WHERE namespace = $1 AND name = $2")
             .bind(namespace)
             .bind(name)
             .execute(&self.pool)
@@ -362,7 +492,7 @@ impl Store for SqliteStore {
     }
 
     async fn create_token(&self, hash: &str, namespace: &str) -> Result<()> {
-        sqlx::query("INSERT INTO tokens (hash, namespace, created_at) VALUES (?, ?, ?)")
+        sqlx::query("INSERT INTO tokens (hash, namespace, created_at) VALUES ($1, $2, $3)")
             .bind(hash)
             .bind(namespace)
             .bind(now())
@@ -373,7 +503,7 @@ impl Store for SqliteStore {
 
     async fn token_namespace(&self, hash: &str) -> Result<Option<String>> {
         let row = sqlx::query(concat!(
-            "SELECT namespace FROM tokens WHERE hash = ? AND ",
+            "SELECT namespace FROM tokens WHERE hash = $1 AND ",
             live!("namespace")
         ))
         .bind(hash)
@@ -427,7 +557,7 @@ mod tests {
 
     #[tokio::test]
     async fn functions_round_trip_and_conflict() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         assert!(store.ensure_namespace("default").await.unwrap());
         assert!(!store.ensure_namespace("default").await.unwrap());
         store
@@ -463,7 +593,7 @@ mod tests {
 
     #[tokio::test]
     async fn identical_code_does_not_bump_the_revision_and_old_status_is_ignored() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         store.ensure_namespace("default").await.unwrap();
         store
             .create_function(&record("default", "f"))
@@ -503,7 +633,7 @@ mod tests {
 
     #[tokio::test]
     async fn patches_merge_validate_and_bump_the_revision_only_on_change() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         store.ensure_namespace("default").await.unwrap();
         store
             .create_function(&record("default", "f"))
@@ -579,7 +709,7 @@ mod tests {
 
     #[tokio::test]
     async fn namespace_delete_needs_force_when_not_empty() {
-        let store = SqliteStore::in_memory().await.unwrap();
+        let store = crate::testing::store().await;
         store.ensure_namespace("team").await.unwrap();
         store.create_function(&record("team", "f")).await.unwrap();
         store.create_token("h", "team").await.unwrap();
