@@ -5,6 +5,7 @@
 
 mod audit;
 mod auth;
+pub mod backup;
 pub mod calls;
 pub mod console;
 mod dead_letters;
@@ -108,6 +109,9 @@ pub struct AppState {
     // --- Namespace trash ---
     /// Where force-deleted namespaces are kept until restored or purged.
     pub trash: Arc<dyn sless_store::TrashStore>,
+    // --- Operations ---
+    /// The store `GET /v1/backup` reads; `None`: no backups from this server.
+    pub backup: Option<Arc<sless_store::SqlStore>>,
 }
 
 /// A response body: one of `sless_api_types`' shapes, as the JSON document it is sent as.
@@ -196,6 +200,7 @@ pub fn routes() -> openapi::Routes {
         .route("/v1/tokens/{id}", axum::routing::delete(tokens::delete))
         .route("/v1/tokens/admin/rotate", post(tokens::rotate_admin))
         .route("/v1/audit", get(audit::list))
+        .route("/v1/backup", get(backup::get))
         // --- Secrets ---
         .route("/v1/namespaces/{ns}/secrets", get(secrets::list))
         .route(

@@ -124,6 +124,7 @@ pub async fn serve() -> Response {
         crate::tokens::delete,
         crate::tokens::rotate_admin,
         crate::audit::list,
+        crate::backup::get,
         crate::secrets::list,
         crate::secrets::put,
         crate::secrets::get,
@@ -159,6 +160,7 @@ pub async fn serve() -> Response {
         (name = "dead-letters", description = "Messages and calls that exhausted their delivery policy"),
         (name = "devices", description = "Devices on sless's MQTT broker, their credentials, telemetry and commands"),
         (name = "audit", description = "The audit log of control-plane changes (admins only)"),
+        (name = "operations", description = "Backups of the whole server (admins only)"),
     )
 )]
 pub struct ApiDoc;

@@ -432,6 +432,13 @@ impl Client {
         Ok(items.items)
     }
 
+    /// `GET /v1/backup` (admin only): the server's backup, a zip to read from the
+    /// response as it streams (`reqwest::Response::chunk`).
+    pub async fn backup(&self) -> Result<Response> {
+        let url = self.url(&["v1", "backup"]);
+        self.send(self.http.get(url.clone()), &url).await
+    }
+
     /// `POST /v1/namespaces/{ns}/triggers` with `body` (`name`, `function`, `type` and the
     /// type's fields).
     pub async fn create_trigger(&self, ns: &str, body: &Value) -> Result<Trigger> {

@@ -16,6 +16,7 @@ macro_rules! live {
 }
 
 mod audit;
+pub mod backup;
 mod calls;
 mod cas;
 mod db;

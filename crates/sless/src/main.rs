@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use sless::cli::{
-    Ctx, GlobalArgs, admin, calls, deploy, devices, functions, invocations, jobs, secrets, triggers,
+    Ctx, GlobalArgs, admin, backup, calls, deploy, devices, functions, invocations, jobs, secrets,
+    triggers,
 };
 use sless::serve;
 
@@ -86,6 +87,10 @@ enum Command {
     Token(admin::TokenCommand),
     /// Show what the current token may do.
     Whoami,
+    /// Write a backup of the server (metadata, records and code) to a file.
+    Backup(backup::BackupArgs),
+    /// Rebuild a server's data from a backup, before starting it (offline).
+    Restore(backup::RestoreArgs),
 }
 
 #[tokio::main]
@@ -95,6 +100,7 @@ async fn main() -> ExitCode {
         Command::Serve(args) => {
             return report(serve::main(args).await.map(|()| ExitCode::SUCCESS), None);
         }
+        Command::Restore(args) => return report(backup::restore(args).await, None),
         other => other,
     };
     let ctx = match Ctx::new(&cli.global) {
@@ -108,7 +114,10 @@ async fn main() -> ExitCode {
 /// Runs one client subcommand.
 async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Serve(_) => anyhow::bail!("serve is not a client command"),
+        Command::Serve(_) | Command::Restore(_) => {
+            anyhow::bail!("serve and restore are not client commands")
+        }
+        Command::Backup(args) => backup::backup(ctx, args).await,
         Command::Deploy(args) => deploy::run(ctx, args).await,
         Command::Invoke(args) => functions::invoke(ctx, args).await,
         Command::Ls(args) => functions::ls(ctx, args).await,

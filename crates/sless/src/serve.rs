@@ -565,6 +565,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
     let dead_letter_store: Arc<dyn sless_store::DeadLetterStore> = sqlite.clone();
     let device_store: Arc<dyn sless_store::DeviceStore> = sqlite.clone();
     let trash_store: Arc<dyn sless_store::TrashStore> = sqlite.clone();
+    let backup_store = sqlite.clone();
     let store: Arc<dyn Store> = sqlite;
     // The one writer of dead letters, for async calls and queue triggers alike.
     let dead_letters = sless_controller::dead_letters::DeadLetters::new(dead_letter_store.clone());
@@ -914,6 +915,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
         devices: devices.clone(),
         device_store,
         trash: trash_store,
+        backup: Some(backup_store),
     });
     let devices_handle = devices;
     let gateway = sless_gateway::Gateway {
@@ -1083,7 +1085,7 @@ fn with_free_port(addr: std::net::SocketAddr) -> Result<std::net::SocketAddr> {
     Ok(probe.local_addr()?)
 }
 
-fn create_private_dir(dir: &Path) -> Result<()> {
+pub(crate) fn create_private_dir(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create data directory {}", dir.display()))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))

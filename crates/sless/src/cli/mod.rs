@@ -1,6 +1,7 @@
 //! The command-line client: global flags, credentials, and the subcommands that talk to a server.
 
 pub mod admin;
+pub mod backup;
 pub use sless_client::archive;
 pub mod calls;
 pub mod deploy;

@@ -90,6 +90,26 @@ impl Server {
         server
     }
 
+    /// Starts a server on an existing data directory (and database, when given),
+    /// e.g. one a restore wrote. `dir` is kept alive by the caller.
+    pub async fn start_on(
+        data_dir: PathBuf,
+        database_url: Option<String>,
+        args: &[&str],
+    ) -> Server {
+        let mut server = Server {
+            child: None,
+            port: 0,
+            data_dir,
+            _dir: None,
+            client: Client::new("http://127.0.0.1:0", Some(TOKEN.into())).expect("client"),
+            extra_args: args.iter().map(|s| s.to_string()).collect(),
+            database_url,
+        };
+        server.spawn().await;
+        server
+    }
+
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }

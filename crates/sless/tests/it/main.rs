@@ -11,6 +11,7 @@
 mod api;
 mod async_calls;
 mod audit;
+mod backup;
 mod cli;
 mod console;
 mod dead_letters;
