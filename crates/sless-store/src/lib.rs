@@ -24,6 +24,8 @@ mod dead_letters;
 mod devices;
 mod invocations;
 mod jobs;
+#[cfg(test)]
+mod plans;
 mod query;
 mod quotas;
 mod secrets;
