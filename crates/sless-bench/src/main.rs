@@ -1,6 +1,7 @@
 //! `sless-bench`: starts a `sless serve`, measures deploys, cold starts, warm throughput and
 //! scaling against baselines taken in the same run, and prints a table and `key=value` lines.
 
+mod backends;
 mod code;
 mod cpu;
 mod error;
@@ -80,10 +81,11 @@ enum Group {
     QueueNats,
     Async,
     Telemetry,
+    Backends,
 }
 
 impl Group {
-    const ALL: [Group; 14] = [
+    const ALL: [Group; 15] = [
         Group::Bare,
         Group::PythonShim,
         Group::Rss,
@@ -98,6 +100,7 @@ impl Group {
         Group::QueueNats,
         Group::Async,
         Group::Telemetry,
+        Group::Backends,
     ];
 
     /// The group that measures `key`.
@@ -130,6 +133,12 @@ impl Group {
             "telemetry_msgs_per_s" | "mqtt_broker_msgs_per_s" | "telemetry_vs_broker" => {
                 Group::Telemetry
             }
+            "gateway_ratio_pg"
+            | "server_cpu_us_per_req_sqlite"
+            | "server_cpu_us_per_req_pg"
+            | "deploy_ratio_pg_s3"
+            | "record_write_ms_per_1000_sqlite"
+            | "record_write_ms_per_1000_pg" => Group::Backends,
             _ => return None,
         })
     }
@@ -271,6 +280,8 @@ async fn measure_all(
                 node: &opts.node,
                 scratch,
                 mqtt_listen: None,
+                extra_args: &[],
+                extra_env: &[],
             })
             .await?;
             eprintln!("sless-bench: sless serve listening on {}", server.addr);
@@ -332,9 +343,19 @@ async fn measure_all(
                     node: &opts.node,
                     scratch: &dir,
                     mqtt_listen: Some(mqtt),
+                    extra_args: &[],
+                    extra_env: &[],
                 })
                 .await?;
                 events::telemetry(&server, mqtt.port(), &plan, figures).await?
+            }
+            Group::Backends => {
+                let programs = backends::Programs {
+                    sless,
+                    python: &opts.python,
+                    node: &opts.node,
+                };
+                backends::measure(need(server)?, &programs, scratch, &plan, figures).await?
             }
         }
     }

@@ -521,7 +521,7 @@ pub async fn scale(server: &Server, plan: &Plan, figures: &mut Figures) -> Resul
 }
 
 /// Alternating load runs of `targets`, each checked for errors, with a progress line each.
-async fn compare_checked(targets: &[Target], plan: &Plan) -> Result<Comparison> {
+pub(crate) async fn compare_checked(targets: &[Target], plan: &Plan) -> Result<Comparison> {
     let comparison = load::compare(targets, plan.load, plan.rounds).await?;
     let reports = &comparison.totals;
     for (target, report) in targets.iter().zip(reports) {
@@ -606,7 +606,7 @@ pub(crate) async fn remove(server: &Server, name: &str) -> Result<()> {
 }
 
 /// Polls every `every` until the function's status is `Ready` for `revision` (or later).
-async fn wait_ready(
+pub(crate) async fn wait_ready(
     server: &Server,
     name: &str,
     revision: u64,

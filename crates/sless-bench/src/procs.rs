@@ -194,6 +194,10 @@ pub struct ServerConfig<'a> {
     pub scratch: &'a Path,
     /// Run the devices' MQTT broker on this address (`--mqtt-listen`).
     pub mqtt_listen: Option<std::net::SocketAddr>,
+    /// More `sless serve` flags (`--database-url ...`).
+    pub extra_args: &'a [String],
+    /// More environment (the S3 endpoint and credentials).
+    pub extra_env: &'a [(String, String)],
 }
 
 impl Server {
@@ -227,6 +231,8 @@ impl Server {
         if let Some(mqtt) = config.mqtt_listen {
             cmd.arg("--mqtt-listen").arg(mqtt.to_string());
         }
+        cmd.args(config.extra_args)
+            .envs(config.extra_env.iter().map(|(k, v)| (k, v)));
         let log = config.scratch.join("server.log");
         let mut guard =
             ChildGuard::spawn("sless serve", &mut cmd, &log, false, SERVER_STOP_TIMEOUT)?;

@@ -214,6 +214,19 @@ pub const FIGURES: &[(&str, &str, Option<Target>)] = &[
             reference: Reference::Value(40.0),
         }),
     ),
+    (
+        "gateway_ratio_pg",
+        "",
+        Some(Target {
+            bound: Bound::AtLeast,
+            reference: Reference::Value(0.9),
+        }),
+    ),
+    ("server_cpu_us_per_req_sqlite", "µs", None),
+    ("server_cpu_us_per_req_pg", "µs", None),
+    ("deploy_ratio_pg_s3", "", None),
+    ("record_write_ms_per_1000_sqlite", "ms", None),
+    ("record_write_ms_per_1000_pg", "ms", None),
 ];
 
 /// True when `key` names a figure the bench knows.

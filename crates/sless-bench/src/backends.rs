@@ -1,0 +1,222 @@
+//! The production backends against the embedded ones, in the same run:
+//!
+//! - `gateway_ratio_pg`: warm gateway throughput of a server on PostgreSQL over one on
+//!   SQLite (the same Node hello, alternating rounds), with each server's CPU per
+//!   request (`server_cpu_us_per_req_sqlite`, `_pg`). The invoke path never waits on
+//!   the store, so the ratio should be about 1.
+//! - `deploy_ratio_pg_s3`: deploy p50 (upload → `Ready`) on PostgreSQL and S3 (moto on
+//!   loopback) over SQLite and the local directory, deploys interleaved.
+//! - `record_write_ms_per_1000_sqlite`, `_pg`: the store's cost of writing 1,000
+//!   invocation records, in the recorder's batches, in process (median of rounds).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use serde_json::json;
+use sless_core::invocation::{InvocationRecord, InvocationSource};
+use sless_records::RecordSink;
+use sless_store::SqlStore;
+
+use crate::error::{BenchError, Result, io};
+use crate::load::{Endpoint, RequestTemplate, Target};
+use crate::measure::{NS, Plan, compare_checked, create, progress, ratio, remove};
+use crate::procs::{Server, ServerConfig};
+use crate::stats::{Figures, percentile_ms};
+use crate::code;
+use crate::cpu::{self, Meter};
+
+/// What the comparison servers run with.
+pub struct Programs<'a> {
+    pub sless: &'a Path,
+    pub python: &'a Path,
+    pub node: &'a Path,
+}
+
+/// Records per measured write, and per batch (the recorder's default batch size).
+const RECORDS: usize = 1000;
+const BATCH: usize = 500;
+
+pub async fn measure(
+    sqlite: &Server,
+    programs: &Programs<'_>,
+    scratch: &Path,
+    plan: &Plan,
+    figures: &mut Figures,
+) -> Result<()> {
+    let pg = tokio::task::spawn_blocking(sless_brokers::Postgres::start)
+        .await
+        .map_err(|e| BenchError::Setup(format!("starting PostgreSQL: {e}")))?
+        .map_err(|e| BenchError::Setup(format!("starting PostgreSQL: {e:#}")))?;
+    let database = |pg: &sless_brokers::Postgres| {
+        pg.create_database()
+            .map_err(|e| BenchError::Setup(format!("creating a database: {e:#}")))
+    };
+
+    record_writes(&database(&pg)?, scratch, plan, figures).await?;
+
+    let dir = scratch.join("backend-pg");
+    std::fs::create_dir_all(&dir).map_err(io("create a scratch directory"))?;
+    let url = database(&pg)?;
+    let args = vec!["--database-url".to_string(), url];
+    let mut other = Server::start(&ServerConfig {
+        binary: programs.sless,
+        python: programs.python,
+        node: programs.node,
+        scratch: &dir,
+        mqtt_listen: None,
+        extra_args: &args,
+        extra_env: &[],
+    })
+    .await?;
+    let outcome = async {
+        gateway(sqlite, &other, plan, figures).await?;
+        deploy(sqlite, &other, plan, figures).await
+    }
+    .await;
+    let stopped = other.stop().await;
+    outcome.and(stopped)
+}
+
+/// `gateway_ratio_pg` and both servers' CPU per request.
+async fn gateway(sqlite: &Server, pg: &Server, plan: &Plan, figures: &mut Figures) -> Result<()> {
+    progress!(
+        "gateway on SQLite vs PostgreSQL, {} connections, {} alternating rounds of {:?}",
+        plan.load.connections,
+        plan.rounds,
+        plan.load.duration
+    );
+    let name = "bench-backend-node";
+    let spec = json!({
+        "runtime": "nodejs", "min_instances": 1, "max_instances": 1,
+        "concurrency": plan.load.connections.max(1) * 2,
+    });
+    let mut targets = Vec::new();
+    for (label, server) in [("sqlite", sqlite), ("postgres", pg)] {
+        create(server, name, &spec, &[("handler.js", code::HELLO_NODE)]).await?;
+        targets.push(Target {
+            name: format!("gateway on {label}"),
+            endpoint: Endpoint::Tcp(server.addr),
+            request: RequestTemplate::get(&format!("/fn/{NS}/{name}")),
+            cpu: vec![Meter {
+                name: "server",
+                source: cpu::CpuSource::process(server.pid())?,
+            }],
+        });
+    }
+    let comparison = compare_checked(&targets, plan).await;
+    for server in [sqlite, pg] {
+        remove(server, name).await?;
+    }
+    let comparison = comparison?;
+    let totals = &comparison.totals;
+    figures.set_with_rounds(
+        "gateway_ratio_pg",
+        ratio(totals[1].rps(), totals[0].rps()),
+        &comparison.per_round(|r| ratio(r[1].rps(), r[0].rps())),
+    );
+    for (key, index) in [
+        ("server_cpu_us_per_req_sqlite", 0),
+        ("server_cpu_us_per_req_pg", 1),
+    ] {
+        if let Some(whole) = totals[index].cpu_us_per_req(0) {
+            let rounds = comparison.per_round(|r| r[index].cpu_us_per_req(0).unwrap_or(f64::NAN));
+            figures.set_with_rounds(key, whole, &rounds);
+        }
+    }
+    Ok(())
+}
+
+/// `deploy_ratio_pg_s3`: deploys to both servers, interleaved.
+async fn deploy(sqlite: &Server, other: &Server, plan: &Plan, figures: &mut Figures) -> Result<()> {
+    let runs = plan.deploy_runs;
+    progress!("deploy on SQLite+local vs the other backends, {runs} runs each, interleaved");
+    let name = "bench-backend-deploy";
+    let spec = json!({"runtime": "python3", "min_instances": 0});
+    let mut samples = [Vec::with_capacity(runs), Vec::with_capacity(runs)];
+    for server in [sqlite, other] {
+        create(server, name, &spec, &[("handler.py", code::HELLO_PY)]).await?;
+    }
+    for run in 1..=runs as u64 {
+        for (i, server) in [sqlite, other].into_iter().enumerate() {
+            let source = code::deploy_py(run);
+            let archive = code::zip(&[("handler.py", &source)])?;
+            let start = Instant::now();
+            let uploaded = server
+                .client
+                .upload_code(NS, name, archive)
+                .await
+                .map_err(crate::error::api(format!("upload code to {name}")))?;
+            crate::measure::wait_ready(server, name, uploaded.revision, Duration::from_millis(5))
+                .await?;
+            samples[i].push(start.elapsed());
+        }
+    }
+    for server in [sqlite, other] {
+        remove(server, name).await?;
+    }
+    let (a, b) = (percentile_ms(&samples[0], 50.0), percentile_ms(&samples[1], 50.0));
+    progress!("  deploy p50: {a:.1} ms on SQLite+local, {b:.1} ms on the other backends");
+    figures.set("deploy_ratio_pg_s3", ratio(b, a));
+    Ok(())
+}
+
+/// `record_write_ms_per_1000_*`: rounds of 1,000 records written in batches.
+async fn record_writes(
+    postgres_url: &str,
+    scratch: &Path,
+    plan: &Plan,
+    figures: &mut Figures,
+) -> Result<()> {
+    let rounds = plan.rounds.max(3) as usize;
+    progress!("invocation records: {rounds} rounds of {RECORDS} on SQLite and PostgreSQL");
+    let setup = |e: sless_store::StoreError| BenchError::Setup(format!("opening a store: {e}"));
+    let sqlite = SqlStore::open(&scratch.join("records.db")).await.map_err(setup)?;
+    let pg = SqlStore::from_url(postgres_url).await.map_err(setup)?;
+    let mut per_store = [Vec::new(), Vec::new()];
+    for round in 0..rounds {
+        for (i, store) in [&sqlite, &pg].into_iter().enumerate() {
+            let records = records(round);
+            let start = Instant::now();
+            for batch in records.chunks(BATCH) {
+                store
+                    .insert_batch(batch)
+                    .await
+                    .map_err(|e| BenchError::Setup(format!("writing records: {e}")))?;
+            }
+            per_store[i].push(start.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    for (key, samples) in [
+        ("record_write_ms_per_1000_sqlite", &per_store[0]),
+        ("record_write_ms_per_1000_pg", &per_store[1]),
+    ] {
+        let mut sorted = samples.clone();
+        sorted.sort_by(f64::total_cmp);
+        figures.set_with_rounds(key, sorted[sorted.len() / 2], samples);
+    }
+    Ok(())
+}
+
+/// 1,000 records of one round (ids distinct across rounds).
+fn records(round: usize) -> Vec<InvocationRecord> {
+    let now = Utc::now();
+    (0..RECORDS)
+        .map(|i| InvocationRecord {
+            id: format!("r{round:03}-{i:05}"),
+            namespace: "bench".into(),
+            function: "f".into(),
+            revision: 1,
+            source: InvocationSource::Http,
+            request_id: format!("req-{round}-{i}"),
+            started_at: now,
+            duration: Duration::from_micros(1500),
+            status: 200,
+            cold_start: i == 0,
+            error: None,
+            attempt: None,
+            trigger: None,
+            call_id: None,
+        })
+        .collect()
+}
