@@ -1,4 +1,4 @@
-//! Real message brokers for tests, started as processes from the Debian packages on
+//! Real message brokers (and moto's S3) for tests, started as processes from the Debian packages on
 //! free loopback ports, each with its own temporary data directory, and stopped by
 //! pid when dropped. Start a slow broker (RabbitMQ takes ~13 s) once per test binary.
 //!
@@ -14,9 +14,11 @@ pub use mosquitto::Mosquitto;
 use std::net::TcpListener;
 
 mod group;
+pub mod moto;
 pub mod nats;
 pub mod rabbitmq;
 
+pub use moto::Moto;
 pub use nats::Nats;
 pub use rabbitmq::RabbitMq;
 

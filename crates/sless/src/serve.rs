@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use sless_api::{AppState, Tokens};
-use sless_blob::{ArchiveLimits, BlobStore, LocalBlobStore};
+use sless_blob::{ArchiveLimits, BlobLocation, BlobStore, LocalBlobStore, S3BlobStore, S3Config};
 use sless_build::{BuildConfig, Builder};
 use sless_controller::Controller;
 use sless_controller::gc::{Collector, StorageConfig};
@@ -289,6 +289,24 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub async_callback_allow_private: bool,
+    // --- Code archives ---
+    /// Where code archives are kept: s3://bucket/prefix (an S3 bucket, reached with the
+    /// standard AWS variables or the --s3-* flags) or file:///dir [default: <data-dir>/blobs].
+    #[arg(long, env = "SLESS_BLOB_URL", value_name = "URL")]
+    pub blob_url: Option<String>,
+    /// The S3 endpoint, for S3-compatible stores (http:// is allowed) [default: AWS's for the region].
+    #[arg(long, env = "AWS_ENDPOINT_URL", value_name = "URL")]
+    pub s3_endpoint: Option<String>,
+    /// The S3 region [default: AWS_DEFAULT_REGION, else us-east-1].
+    #[arg(long, env = "AWS_REGION")]
+    pub s3_region: Option<String>,
+    /// The S3 access key id [default: AWS's credential chain].
+    #[arg(long, env = "AWS_ACCESS_KEY_ID", hide_env_values = true)]
+    pub s3_access_key_id: Option<String>,
+    /// The S3 secret access key; prefer the variable or the config file to the flag,
+    /// which other users can read in the process list.
+    #[arg(long, env = "AWS_SECRET_ACCESS_KEY", hide_env_values = true)]
+    pub s3_secret_access_key: Option<String>,
 }
 
 impl ServeArgs {
@@ -553,9 +571,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
     // The one writer of dead letters, for async calls and queue triggers alike.
     let dead_letters = sless_controller::dead_letters::DeadLetters::new(dead_letter_store.clone());
     store.ensure_namespace("default").await?;
-    let blobs: Arc<dyn BlobStore> = Arc::new(
-        LocalBlobStore::new(data_dir.join("blobs")).context("cannot open the code store")?,
-    );
+    let blobs = open_blob_store(&args, &data_dir).await?;
     let runtime_dir = write_shims(&data_dir.join("runtime"))?;
 
     let sandbox = Arc::new(
@@ -961,6 +977,38 @@ async fn build(args: ServeArgs) -> Result<Server> {
         collecting,
         devices: devices_handle,
     })
+}
+
+/// The code archives' store `--blob-url` names (the data directory's `blobs/` without
+/// it). A URL that does not parse, or an S3 bucket that does not answer, stops the start.
+async fn open_blob_store(args: &ServeArgs, data_dir: &Path) -> Result<Arc<dyn BlobStore>> {
+    let location = match &args.blob_url {
+        None => BlobLocation::Local(data_dir.join("blobs")),
+        Some(url) => BlobLocation::parse(url).context("--blob-url (SLESS_BLOB_URL)")?,
+    };
+    let blobs: Arc<dyn BlobStore> = match &location {
+        BlobLocation::Local(dir) => Arc::new(
+            LocalBlobStore::new(dir.clone())
+                .with_context(|| format!("cannot open the code store in {}", dir.display()))?,
+        ),
+        BlobLocation::S3 { bucket, prefix } => Arc::new(
+            S3BlobStore::new(S3Config {
+                bucket: bucket.clone(),
+                prefix: prefix.clone(),
+                endpoint: args.s3_endpoint.clone(),
+                region: args.s3_region.clone(),
+                access_key_id: args.s3_access_key_id.clone(),
+                secret_access_key: args.s3_secret_access_key.clone(),
+            })
+            .with_context(|| format!("--blob-url {location}"))?,
+        ),
+    };
+    tokio::time::timeout(Duration::from_secs(30), blobs.ping())
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within 30 s"))
+        .and_then(|r| r.map_err(anyhow::Error::from))
+        .with_context(|| format!("cannot reach the code store --blob-url {location}"))?;
+    Ok(blobs)
 }
 
 /// The parent cgroup of this server's instances, unique per data directory, so

@@ -7,6 +7,9 @@ use serde_json::Value;
 use sless::serve::{ServeArgs, Server};
 use tower::ServiceExt;
 
+#[path = "../support/blob_store.rs"]
+pub mod blob_store;
+
 /// The admin token every test server is started with.
 pub const ADMIN: &str = "api-test-admin-token";
 
@@ -102,6 +105,10 @@ impl App {
             }
         }
         argv.extend_from_slice(flags);
+        let s3 = (!flags.contains(&"--blob-url"))
+            .then(|| blob_store::for_server(&data).map(|s3| s3.flags()))
+            .flatten();
+        argv.extend(s3.iter().flatten().map(String::as_str));
         let args = ServeArgs::from_flags(argv).expect("flags");
         let server = Server::build(args).await.expect("server builds");
         App { server, _dir: dir }
