@@ -85,6 +85,25 @@ impl Moto {
         }
     }
 
+    /// Freezes the server (SIGSTOP): connections are still accepted by the kernel
+    /// but nothing answers, as with a hung backend. [`Moto::resume`] undoes it.
+    pub fn pause(&self) -> anyhow::Result<()> {
+        self.signal("STOP")
+    }
+
+    /// Lets a paused server run again (SIGCONT).
+    pub fn resume(&self) -> anyhow::Result<()> {
+        self.signal("CONT")
+    }
+
+    fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let process = self.process.lock().unwrap_or_else(|e| e.into_inner());
+        match process.as_ref() {
+            Some(group) => group.signal(signal),
+            None => bail!("moto_server is not running"),
+        }
+    }
+
     /// Starts the server on its port (stopping it first if it runs), empty, and
     /// waits until it answers.
     pub fn start_again(&self) -> anyhow::Result<()> {

@@ -82,9 +82,21 @@ impl Req {
     }
 }
 
+/// Builds a server as [`App::start_with`] does; the error that stopped it.
+pub async fn start_error(flags: &[&str]) -> anyhow::Error {
+    match App::build(flags).await {
+        Ok(_) => panic!("the server started with {flags:?}"),
+        Err(e) => e,
+    }
+}
+
 impl App {
     /// Builds a server as `sless serve` would, with `flags` added.
     pub async fn start_with(flags: &[&str]) -> App {
+        App::build(flags).await.expect("server builds")
+    }
+
+    async fn build(flags: &[&str]) -> anyhow::Result<App> {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = dir.path().join("data");
         std::fs::create_dir_all(&data).expect("data dir");
@@ -110,8 +122,8 @@ impl App {
             .flatten();
         argv.extend(s3.iter().flatten().map(String::as_str));
         let args = ServeArgs::from_flags(argv).expect("flags");
-        let server = Server::build(args).await.expect("server builds");
-        App { server, _dir: dir }
+        let server = Server::build(args).await?;
+        Ok(App { server, _dir: dir })
     }
 
     pub async fn start() -> App {
