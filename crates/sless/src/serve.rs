@@ -37,8 +37,26 @@ const NODE_SHIM: &str = include_str!("../../../runtimes/node/sless_runtime.js");
 const MIB: u64 = 1024 * 1024;
 
 /// Run the server: the REST API under /v1, functions under /fn.
-#[derive(clap::Args, Debug, Clone)]
+///
+/// Every flag can also be set in the environment (`SLESS_*`) or, under its long
+/// name, in the `--config` file (see crate::config).
+#[derive(clap::Args, Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct ServeArgs {
+    /// A TOML file of settings: keys are these flags' long names (`max-body-mb = 8`);
+    /// the environment and flags override it.
+    #[arg(long, env = "SLESS_CONFIG", value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration (defaults, file, environment and flags
+    /// resolved; secrets redacted) as TOML and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_config: bool,
+    /// How the server's own log lines are written to stderr: `text` or `json` (one
+    /// object a line).
+    #[arg(long, env = "SLESS_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
     /// Address to listen on.
     #[arg(long, env = "SLESS_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -309,6 +327,16 @@ pub struct ServeArgs {
     pub s3_secret_access_key: Option<String>,
 }
 
+/// `--log-format`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line (time, level, target, message, fields).
+    Json,
+}
+
 impl ServeArgs {
     /// The server-wide default quotas these flags give.
     pub fn default_quota(&self) -> Quota {
@@ -343,7 +371,11 @@ impl ServeArgs {
 
 /// `sless serve`: bind, build, then serve until SIGINT or SIGTERM.
 pub async fn main(mut args: ServeArgs) -> Result<()> {
-    init_tracing();
+    if args.print_config {
+        print!("{}", crate::config::render(&args)?);
+        return Ok(());
+    }
+    init_tracing(args.log_format);
     let mut shutdown = Box::pin(shutdown_signal()?);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -1023,13 +1055,17 @@ fn cgroup_name(data_dir: &Path) -> String {
     format!("sless-{}", &hex::encode(digest)[..12])
 }
 
-fn init_tracing() {
+fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SLESS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        // Fields at the top level beside `message`, as log shippers expect.
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
 }
 
 /// Completes at the first SIGTERM or SIGINT; the handlers are installed before it

@@ -12,6 +12,7 @@ mod api;
 mod async_calls;
 mod audit;
 mod cli;
+mod config_file;
 mod console;
 mod dead_letters;
 mod device_scenarios;
