@@ -321,18 +321,12 @@ async fn healthz() -> Result<axum::Json<Value>, ApiError> {
     responses((status = 200, description = "Ready: the store, the code store and the disk are healthy", body = sless_api_types::Health), (status = 503, description = "Not ready: `problems` says why", body = sless_api_types::Health))
 )]
 async fn readyz(State(s): State<AppState>) -> Response {
-    let store = s
-        .store
-        .ping()
-        .await
-        .err()
-        .map(|e| format!("metadata store: {e}"));
-    let blobs = s
-        .blobs
-        .ping()
-        .await
-        .err()
-        .map(|e| format!("code store: {e}"));
+    // Both backends are asked at once, each for at most READY_TIMEOUT: a hung one
+    // is unavailable, not a hung probe.
+    let (store, blobs) = tokio::join!(
+        within_ready_timeout("metadata store", s.store.ping()),
+        within_ready_timeout("blob store (code archives)", s.blobs.ping()),
+    );
     let disk = s.storage.problem().map(|p| p.to_string());
     let problems: Vec<String> = store.into_iter().chain(blobs).chain(disk).collect();
     if problems.is_empty() {
@@ -351,6 +345,24 @@ async fn readyz(State(s): State<AppState>) -> Response {
             }),
         )
             .into_response()
+    }
+}
+
+/// How long `/readyz` waits for each backend to answer.
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `None` when `ping` succeeds within [`READY_TIMEOUT`], else what is wrong with `what`.
+async fn within_ready_timeout<E: std::fmt::Display>(
+    what: &str,
+    ping: impl std::future::Future<Output = Result<(), E>>,
+) -> Option<String> {
+    match tokio::time::timeout(READY_TIMEOUT, ping).await {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(format!("{what}: {e}")),
+        Err(_) => Some(format!(
+            "{what}: no answer within {} s",
+            READY_TIMEOUT.as_secs()
+        )),
     }
 }
 

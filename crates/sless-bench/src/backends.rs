@@ -18,13 +18,13 @@ use sless_core::invocation::{InvocationRecord, InvocationSource};
 use sless_records::RecordSink;
 use sless_store::SqlStore;
 
+use crate::code;
+use crate::cpu::{self, Meter};
 use crate::error::{BenchError, Result, io};
 use crate::load::{Endpoint, RequestTemplate, Target};
 use crate::measure::{NS, Plan, compare_checked, create, progress, ratio, remove};
 use crate::procs::{Server, ServerConfig};
 use crate::stats::{Figures, percentile_ms};
-use crate::code;
-use crate::cpu::{self, Meter};
 
 /// What the comparison servers run with.
 pub struct Programs<'a> {
@@ -155,7 +155,10 @@ async fn deploy(sqlite: &Server, other: &Server, plan: &Plan, figures: &mut Figu
     for server in [sqlite, other] {
         remove(server, name).await?;
     }
-    let (a, b) = (percentile_ms(&samples[0], 50.0), percentile_ms(&samples[1], 50.0));
+    let (a, b) = (
+        percentile_ms(&samples[0], 50.0),
+        percentile_ms(&samples[1], 50.0),
+    );
     progress!("  deploy p50: {a:.1} ms on SQLite+local, {b:.1} ms on the other backends");
     figures.set("deploy_ratio_pg_s3", ratio(b, a));
     Ok(())
@@ -171,7 +174,9 @@ async fn record_writes(
     let rounds = plan.rounds.max(3) as usize;
     progress!("invocation records: {rounds} rounds of {RECORDS} on SQLite and PostgreSQL");
     let setup = |e: sless_store::StoreError| BenchError::Setup(format!("opening a store: {e}"));
-    let sqlite = SqlStore::open(&scratch.join("records.db")).await.map_err(setup)?;
+    let sqlite = SqlStore::open(&scratch.join("records.db"))
+        .await
+        .map_err(setup)?;
     let pg = SqlStore::from_url(postgres_url).await.map_err(setup)?;
     let mut per_store = [Vec::new(), Vec::new()];
     for round in 0..rounds {

@@ -99,7 +99,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-fn check_key(sha256: &str) -> Result<(), BlobError> {
+pub(crate) fn check_key(sha256: &str) -> Result<(), BlobError> {
     let valid = sha256.len() == 64
         && sha256
             .bytes()
@@ -594,6 +594,19 @@ mod tests {
         );
         assert!(store.get(&a).await.is_ok());
         assert!(matches!(store.get(&b).await, Err(BlobError::NotFound(_))));
+    }
+
+    #[tokio::test]
+    async fn the_local_store_behaves_as_every_store_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalBlobStore::new(dir.path().join("blobs")).unwrap();
+        let root = store.dir().to_path_buf();
+        let tamper = move |sha: String, bytes: Vec<u8>| {
+            let path = root.join(&sha[..2]).join(format!("{sha}.zip"));
+            Box::pin(async move { std::fs::write(path, bytes).unwrap() })
+                as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        };
+        crate::conformance::check(&store, &tamper).await;
     }
 
     #[tokio::test]

@@ -96,6 +96,18 @@ impl Group {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Sends `signal` (a name `kill` knows, e.g. `STOP`, `CONT`) to the whole group.
+    pub(crate) fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg("--")
+            .arg(format!("-{}", self.child.id()))
+            .status()
+            .context("running kill")?;
+        anyhow::ensure!(status.success(), "kill -{signal} failed: {status}");
+        Ok(())
+    }
+
     /// Stops the broker: gracefully (SIGTERM, then SIGKILL after the grace period)
     /// or at once, and waits until the watchdog is gone.
     pub(crate) fn stop(&mut self, graceful: bool) {

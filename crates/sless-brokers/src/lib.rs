@@ -1,4 +1,4 @@
-//! Real message brokers (and PostgreSQL) for tests, started as processes from the Debian packages on
+//! Real message brokers (and PostgreSQL, and moto's S3) for tests, started as processes from the Debian packages on
 //! free loopback ports, each with its own temporary data directory, and stopped by
 //! pid when dropped. Start a slow broker (RabbitMQ takes ~13 s) once per test binary.
 //!
@@ -14,10 +14,12 @@ pub use mosquitto::Mosquitto;
 use std::net::TcpListener;
 
 mod group;
+pub mod moto;
 pub mod nats;
 pub mod postgres;
 pub mod rabbitmq;
 
+pub use moto::Moto;
 pub use nats::Nats;
 pub use postgres::Postgres;
 pub use rabbitmq::RabbitMq;

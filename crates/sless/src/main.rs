@@ -95,7 +95,11 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `sless serve --config FILE` adds the file's settings beneath flags and env.
+    let cli = match sless::config::parse::<Cli>() {
+        Ok(cli) => cli,
+        Err(err) => return report(Err(err), None),
+    };
     let command = match cli.command {
         Command::Serve(args) => {
             return report(serve::main(args).await.map(|()| ExitCode::SUCCESS), None);

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use sless_api::{AppState, Tokens};
-use sless_blob::{ArchiveLimits, BlobStore, LocalBlobStore};
+use sless_blob::{ArchiveLimits, BlobLocation, BlobStore, LocalBlobStore, S3BlobStore, S3Config};
 use sless_build::{BuildConfig, Builder};
 use sless_controller::Controller;
 use sless_controller::gc::{Collector, StorageConfig};
@@ -37,8 +37,26 @@ const NODE_SHIM: &str = include_str!("../../../runtimes/node/sless_runtime.js");
 const MIB: u64 = 1024 * 1024;
 
 /// Run the server: the REST API under /v1, functions under /fn.
-#[derive(clap::Args, Debug, Clone)]
+///
+/// Every flag can also be set in the environment (`SLESS_*`) or, under its long
+/// name, in the `--config` file (see crate::config).
+#[derive(clap::Args, Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct ServeArgs {
+    /// A TOML file of settings: keys are these flags' long names (`max-body-mb = 8`);
+    /// the environment and flags override it.
+    #[arg(long, env = "SLESS_CONFIG", value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration (defaults, file, environment and flags
+    /// resolved; secrets redacted) as TOML and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_config: bool,
+    /// How the server's own log lines are written to stderr: `text` or `json` (one
+    /// object a line).
+    #[arg(long, env = "SLESS_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
     /// Address to listen on.
     #[arg(long, env = "SLESS_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -294,6 +312,20 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub async_callback_allow_private: bool,
+    // --- Code archives ---
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub blobs: BlobFlags,
+}
+
+/// `--log-format`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line (time, level, target, message, fields).
+    Json,
 }
 
 impl ServeArgs {
@@ -330,7 +362,11 @@ impl ServeArgs {
 
 /// `sless serve`: bind, build, then serve until SIGINT or SIGTERM.
 pub async fn main(mut args: ServeArgs) -> Result<()> {
-    init_tracing();
+    if args.print_config {
+        print!("{}", crate::config::render(&args)?);
+        return Ok(());
+    }
+    init_tracing(args.log_format);
     let mut shutdown = Box::pin(shutdown_signal()?);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -570,9 +606,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
     // The one writer of dead letters, for async calls and queue triggers alike.
     let dead_letters = sless_controller::dead_letters::DeadLetters::new(dead_letter_store.clone());
     store.ensure_namespace("default").await?;
-    let blobs: Arc<dyn BlobStore> = Arc::new(
-        LocalBlobStore::new(data_dir.join("blobs")).context("cannot open the code store")?,
-    );
+    let blobs = open_blob_store(&args, &data_dir).await?;
     let runtime_dir = write_shims(&data_dir.join("runtime"))?;
 
     let sandbox = Arc::new(
@@ -981,6 +1015,69 @@ async fn build(args: ServeArgs) -> Result<Server> {
     })
 }
 
+/// The code archives' store `--blob-url` names (the data directory's `blobs/` without
+/// it). A URL that does not parse, or an S3 bucket that does not answer, stops the start.
+async fn open_blob_store(args: &ServeArgs, data_dir: &Path) -> Result<Arc<dyn BlobStore>> {
+    args.blobs.open(data_dir).await
+}
+
+/// Where code archives are kept, as `sless serve` is told (for `sless restore`, which
+/// fills the store a server will start with).
+#[derive(clap::Args, Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct BlobFlags {
+    /// Where code archives are kept: s3://bucket/prefix (an S3 bucket, reached with the
+    /// standard AWS variables or the --s3-* flags) or file:///dir [default: <data-dir>/blobs].
+    #[arg(long, env = "SLESS_BLOB_URL", value_name = "URL")]
+    pub blob_url: Option<String>,
+    /// The S3 endpoint, for S3-compatible stores (http:// is allowed) [default: AWS's for the region].
+    #[arg(long, env = "AWS_ENDPOINT_URL", value_name = "URL")]
+    pub s3_endpoint: Option<String>,
+    /// The S3 region [default: AWS_DEFAULT_REGION, else us-east-1].
+    #[arg(long, env = "AWS_REGION")]
+    pub s3_region: Option<String>,
+    /// The S3 access key id [default: AWS's credential chain].
+    #[arg(long, env = "AWS_ACCESS_KEY_ID", hide_env_values = true)]
+    pub s3_access_key_id: Option<String>,
+    /// The S3 secret access key; prefer the variable or the config file to the flag,
+    /// which other users can read in the process list.
+    #[arg(long, env = "AWS_SECRET_ACCESS_KEY", hide_env_values = true)]
+    pub s3_secret_access_key: Option<String>,
+}
+
+impl BlobFlags {
+    /// Opens the store and checks that it answers.
+    pub async fn open(&self, data_dir: &Path) -> Result<Arc<dyn BlobStore>> {
+        let location = match &self.blob_url {
+            None => BlobLocation::Local(data_dir.join("blobs")),
+            Some(url) => BlobLocation::parse(url).context("--blob-url (SLESS_BLOB_URL)")?,
+        };
+        let blobs: Arc<dyn BlobStore> = match &location {
+            BlobLocation::Local(dir) => Arc::new(
+                LocalBlobStore::new(dir.clone())
+                    .with_context(|| format!("cannot open the code store in {}", dir.display()))?,
+            ),
+            BlobLocation::S3 { bucket, prefix } => Arc::new(
+                S3BlobStore::new(S3Config {
+                    bucket: bucket.clone(),
+                    prefix: prefix.clone(),
+                    endpoint: self.s3_endpoint.clone(),
+                    region: self.s3_region.clone(),
+                    access_key_id: self.s3_access_key_id.clone(),
+                    secret_access_key: self.s3_secret_access_key.clone(),
+                })
+                .with_context(|| format!("--blob-url {location}"))?,
+            ),
+        };
+        tokio::time::timeout(Duration::from_secs(30), blobs.ping())
+            .await
+            .map_err(|_| anyhow::anyhow!("no answer within 30 s"))
+            .and_then(|r| r.map_err(anyhow::Error::from))
+            .with_context(|| format!("cannot reach the code store --blob-url {location}"))?;
+        Ok(blobs)
+    }
+}
+
 /// The parent cgroup of this server's instances, unique per data directory, so
 /// that several servers on one machine never touch each other's instances while a
 /// restarted server still finds (and stops) what its predecessor left behind.
@@ -993,13 +1090,17 @@ fn cgroup_name(data_dir: &Path) -> String {
     format!("sless-{}", &hex::encode(digest)[..12])
 }
 
-fn init_tracing() {
+fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SLESS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        // Fields at the top level beside `message`, as log shippers expect.
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
 }
 
 /// Completes at the first SIGTERM or SIGINT; the handlers are installed before it

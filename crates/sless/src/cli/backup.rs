@@ -4,7 +4,6 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::Context as _;
 
@@ -50,6 +49,9 @@ pub struct RestoreArgs {
     /// The new server's database (`postgres://...`); default: `<data-dir>/sless.db`.
     #[arg(long, env = "SLESS_DATABASE_URL", value_name = "URL")]
     pub database_url: Option<String>,
+    /// The new server's code archives (`s3://bucket/prefix`), as `sless serve` takes them.
+    #[command(flatten)]
+    pub blobs: crate::serve::BlobFlags,
 }
 
 pub async fn backup(ctx: &Ctx, args: BackupArgs) -> anyhow::Result<ExitCode> {
@@ -103,10 +105,7 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("cannot open the store in {}", args.data_dir.display()))?,
     };
-    let blobs: Arc<dyn sless_blob::BlobStore> = Arc::new(
-        sless_blob::LocalBlobStore::new(args.data_dir.join("blobs"))
-            .context("cannot open the code store")?,
-    );
+    let blobs = args.blobs.open(&args.data_dir).await?;
     let summary = sless_api::backup::restore(&args.file, &store, blobs.as_ref())
         .await
         .with_context(|| format!("cannot restore {}", args.file.display()))?;
@@ -124,11 +123,16 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
         summary.blobs
     );
     eprintln!(
-        "start it with: sless serve --data-dir {}{} (and the secret key of the server the backup came from)",
+        "start it with: sless serve --data-dir {}{}{} (and the secret key of the server the backup came from)",
         args.data_dir.display(),
         args.database_url
             .as_deref()
             .map(|u| format!(" --database-url {}", sless_store::redact_url(u)))
+            .unwrap_or_default(),
+        args.blobs
+            .blob_url
+            .as_deref()
+            .map(|u| format!(" --blob-url {u}"))
             .unwrap_or_default()
     );
     Ok(ExitCode::SUCCESS)

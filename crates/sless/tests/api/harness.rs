@@ -7,6 +7,9 @@ use serde_json::Value;
 use sless::serve::{ServeArgs, Server};
 use tower::ServiceExt;
 
+#[path = "../support/blob_store.rs"]
+pub mod blob_store;
+
 /// The admin token every test server is started with.
 pub const ADMIN: &str = "api-test-admin-token";
 
@@ -81,9 +84,21 @@ impl Req {
     }
 }
 
+/// Builds a server as [`App::start_with`] does; the error that stopped it.
+pub async fn start_error(flags: &[&str]) -> anyhow::Error {
+    match App::build(flags).await {
+        Ok(_) => panic!("the server started with {flags:?}"),
+        Err(e) => e,
+    }
+}
+
 impl App {
     /// Builds a server as `sless serve` would, with `flags` added.
     pub async fn start_with(flags: &[&str]) -> App {
+        App::build(flags).await.expect("server builds")
+    }
+
+    async fn build(flags: &[&str]) -> anyhow::Result<App> {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = dir.path().join("data");
         std::fs::create_dir_all(&data).expect("data dir");
@@ -108,13 +123,17 @@ impl App {
         if let Some(url) = &database_url {
             argv.extend(["--database-url", url.as_str()]);
         }
+        let s3 = (!flags.contains(&"--blob-url"))
+            .then(|| blob_store::for_server(&data).map(|s3| s3.flags()))
+            .flatten();
+        argv.extend(s3.iter().flatten().map(String::as_str));
         let args = ServeArgs::from_flags(argv).expect("flags");
-        let server = Server::build(args).await.expect("server builds");
-        App {
+        let server = Server::build(args).await?;
+        Ok(App {
             server,
             database_url,
             _dir: dir,
-        }
+        })
     }
 
     /// A second connection to the server's metadata store, for looking behind the API.

@@ -17,5 +17,6 @@ mod job_wait;
 mod namespaces;
 mod objects;
 mod openapi;
+mod readiness;
 mod serving;
 mod trash;

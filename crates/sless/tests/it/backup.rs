@@ -10,7 +10,7 @@ use std::process::Output;
 
 use serde_json::{Value, json};
 
-use crate::harness::{Server, TOKEN, backends, send};
+use crate::harness::{Server, TOKEN, backends, blob_store, send};
 
 const HANDLER: &str = r#"import os
 
@@ -90,6 +90,9 @@ async fn restored(
     if let Some(url) = &database_url {
         args.extend(["--database-url", url.as_str()]);
     }
+    // Into the bucket the restored server will use, when the tests run on S3.
+    let s3 = blob_store::for_server(&data_dir).map(|s3| s3.flags());
+    args.extend(s3.iter().flatten().map(String::as_str));
     let out = sless("http://127.0.0.1:1", &args).await;
     assert!(out.status.success(), "restore failed: {}", text(&out));
     assert!(text(&out).contains("1 functions"), "{}", text(&out));

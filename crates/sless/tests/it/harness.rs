@@ -129,6 +129,9 @@ impl Server {
             .env("SLESS_LOG", "warn")
             .stdin(Stdio::null())
             .kill_on_drop(true);
+        if let Some(s3) = blob_store::for_server(&self.data_dir) {
+            cmd.arg("--blob-url").arg(&s3.blob_url).envs(s3.env());
+        }
         let (child, port) = spawn_serving(cmd).await;
         self.child = Some(child);
         self.port = port;
@@ -305,6 +308,8 @@ pub mod backends;
 
 #[path = "../support/zip.rs"]
 mod archive;
+#[path = "../support/blob_store.rs"]
+pub mod blob_store;
 pub use archive::zip as zip_bytes;
 
 /// Files of a folder in the repository (examples, fixtures), for deploying them.

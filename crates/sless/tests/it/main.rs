@@ -13,6 +13,7 @@ mod async_calls;
 mod audit;
 mod backup;
 mod cli;
+mod config_file;
 mod console;
 mod dead_letters;
 mod device_scenarios;
