@@ -73,6 +73,7 @@ enum Group {
     ColdPython,
     ColdNode,
     WarmNode,
+    Metrics,
     Scale,
     QueueAmqp,
     QueueKafka,
@@ -83,7 +84,7 @@ enum Group {
 }
 
 impl Group {
-    const ALL: [Group; 14] = [
+    const ALL: [Group; 15] = [
         Group::Bare,
         Group::PythonShim,
         Group::Rss,
@@ -91,6 +92,7 @@ impl Group {
         Group::ColdPython,
         Group::ColdNode,
         Group::WarmNode,
+        Group::Metrics,
         Group::Scale,
         Group::QueueAmqp,
         Group::QueueKafka,
@@ -121,6 +123,9 @@ impl Group {
             | "gateway_cpu_ratio"
             | "gateway_vs_plain_node" => Group::WarmNode,
             "python_shim_ratio" => Group::PythonShim,
+            "gateway_cpu_us_metrics_on" | "gateway_cpu_us_metrics_off" | "metrics_cpu_ratio" => {
+                Group::Metrics
+            }
             "scale_ratio" => Group::Scale,
             "queue_msgs_per_s_amqp" | "queue_vs_broker_amqp" => Group::QueueAmqp,
             "queue_msgs_per_s_kafka" | "queue_vs_broker_kafka" => Group::QueueKafka,
@@ -271,6 +276,7 @@ async fn measure_all(
                 node: &opts.node,
                 scratch,
                 mqtt_listen: None,
+                extra_args: &[],
             })
             .await?;
             eprintln!("sless-bench: sless serve listening on {}", server.addr);
@@ -306,6 +312,22 @@ async fn measure_all(
             Group::PythonShim => {
                 measure::python_shim(&opts.python, shim, scratch, &plan, figures).await?
             }
+            Group::Metrics => {
+                // The same server with metrics off, beside the one measured everywhere else.
+                let dir = scratch.join("metrics-off");
+                std::fs::create_dir_all(&dir).map_err(error::io("create a scratch directory"))?;
+                let mut off = Server::start(&ServerConfig {
+                    binary: sless,
+                    python: &opts.python,
+                    node: &opts.node,
+                    scratch: &dir,
+                    mqtt_listen: None,
+                    extra_args: &["--metrics=false"],
+                })
+                .await?;
+                let measured = measure::metrics_cost(need(server)?, &off, &plan, figures).await;
+                measured.and(off.stop().await)?
+            }
             Group::Scale => measure::scale(need(server)?, &plan, figures).await?,
             Group::QueueAmqp => {
                 events::queue(need(server)?, QueueKind::Amqp, &plan, figures).await?
@@ -332,6 +354,7 @@ async fn measure_all(
                     node: &opts.node,
                     scratch: &dir,
                     mqtt_listen: Some(mqtt),
+                    extra_args: &[],
                 })
                 .await?;
                 events::telemetry(&server, mqtt.port(), &plan, figures).await?

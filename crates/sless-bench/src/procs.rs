@@ -194,6 +194,8 @@ pub struct ServerConfig<'a> {
     pub scratch: &'a Path,
     /// Run the devices' MQTT broker on this address (`--mqtt-listen`).
     pub mqtt_listen: Option<std::net::SocketAddr>,
+    /// More `sless serve` flags (e.g. `--metrics=false`).
+    pub extra_args: &'a [&'a str],
 }
 
 impl Server {
@@ -227,6 +229,7 @@ impl Server {
         if let Some(mqtt) = config.mqtt_listen {
             cmd.arg("--mqtt-listen").arg(mqtt.to_string());
         }
+        cmd.args(config.extra_args);
         let log = config.scratch.join("server.log");
         let mut guard =
             ChildGuard::spawn("sless serve", &mut cmd, &log, false, SERVER_STOP_TIMEOUT)?;
