@@ -1,4 +1,4 @@
-//! The REST API of `../shared/spec/api-v1.md` (`/v1/...`, `/healthz`, `/readyz`):
+//! The REST API of `../shared/spec/api-v1.md` (`/v1/...`, `/healthz`, `/readyz`, `/metrics`):
 //! authentication and tenancy, namespaces, functions, code uploads, logs and the
 //! authenticated invoke. Every response body is one of the shapes of
 //! `sless-api-types`, which the client decodes too; this crate only fills them.
@@ -15,6 +15,7 @@ mod etag;
 mod functions;
 mod invocations;
 mod jobs;
+mod metrics;
 mod namespaces;
 pub mod openapi;
 pub mod quotas;
@@ -48,6 +49,7 @@ use sless_store::{InvocationStore, JobStore, Store, TriggerStore};
 
 pub use auth::{Actor, AuthLimiter, Caller, Tokens, hash_token, new_token};
 pub use error::ApiError;
+pub use metrics::MetricsEndpoint;
 pub use storage::{Storage, StorageProblem};
 
 /// Everything the handlers share.
@@ -112,6 +114,9 @@ pub struct AppState {
     // --- Operations ---
     /// The store `GET /v1/backup` reads; `None`: no backups from this server.
     pub backup: Option<Arc<sless_store::SqlStore>>,
+    // --- Metrics ---
+    /// `/metrics`: the exporter (or none: `404`) and the token it needs.
+    pub metrics: MetricsEndpoint,
 }
 
 /// A response body: one of `sless_api_types`' shapes, as the JSON document it is sent as.
@@ -155,6 +160,7 @@ pub fn routes() -> openapi::Routes {
         .route("/openapi.json", get(openapi::serve))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics::scrape))
         .route("/v1/whoami", get(n::whoami))
         .route("/v1/tokens", post(n::create_token).get(tokens::list))
         .route("/v1/namespaces", get(n::list))

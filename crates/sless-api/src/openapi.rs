@@ -92,6 +92,7 @@ pub async fn serve() -> Response {
         serve,
         crate::healthz,
         crate::readyz,
+        crate::metrics::scrape,
         crate::namespaces::whoami,
         crate::namespaces::create_token,
         crate::namespaces::list,

@@ -74,6 +74,7 @@ enum Group {
     ColdPython,
     ColdNode,
     WarmNode,
+    Metrics,
     Scale,
     QueueAmqp,
     QueueKafka,
@@ -85,7 +86,7 @@ enum Group {
 }
 
 impl Group {
-    const ALL: [Group; 15] = [
+    const ALL: [Group; 16] = [
         Group::Bare,
         Group::PythonShim,
         Group::Rss,
@@ -93,6 +94,7 @@ impl Group {
         Group::ColdPython,
         Group::ColdNode,
         Group::WarmNode,
+        Group::Metrics,
         Group::Scale,
         Group::QueueAmqp,
         Group::QueueKafka,
@@ -124,6 +126,9 @@ impl Group {
             | "gateway_cpu_ratio"
             | "gateway_vs_plain_node" => Group::WarmNode,
             "python_shim_ratio" => Group::PythonShim,
+            "gateway_cpu_us_metrics_on" | "gateway_cpu_us_metrics_off" | "metrics_cpu_ratio" => {
+                Group::Metrics
+            }
             "scale_ratio" => Group::Scale,
             "queue_msgs_per_s_amqp" | "queue_vs_broker_amqp" => Group::QueueAmqp,
             "queue_msgs_per_s_kafka" | "queue_vs_broker_kafka" => Group::QueueKafka,
@@ -316,6 +321,23 @@ async fn measure_all(
             }
             Group::PythonShim => {
                 measure::python_shim(&opts.python, shim, scratch, &plan, figures).await?
+            }
+            Group::Metrics => {
+                // The same server with metrics off, beside the one measured everywhere else.
+                let dir = scratch.join("metrics-off");
+                std::fs::create_dir_all(&dir).map_err(error::io("create a scratch directory"))?;
+                let mut off = Server::start(&ServerConfig {
+                    binary: sless,
+                    python: &opts.python,
+                    node: &opts.node,
+                    scratch: &dir,
+                    mqtt_listen: None,
+                    extra_args: &["--metrics=false".to_string()],
+                    extra_env: &[],
+                })
+                .await?;
+                let measured = measure::metrics_cost(need(server)?, &off, &plan, figures).await;
+                measured.and(off.stop().await)?
             }
             Group::Scale => measure::scale(need(server)?, &plan, figures).await?,
             Group::QueueAmqp => {

@@ -354,6 +354,63 @@ pub async fn warm_node(
     Ok(())
 }
 
+/// `gateway_cpu_us_metrics_on` / `_off`: the server's CPU time per warm `/fn/` request
+/// (utime + stime of the server process, before and after each round) with metrics
+/// recorded, on the run's server, and with `--metrics=false`, on a second server started
+/// for it; alternating rounds, so both see the same machine. `metrics_cpu_ratio` is on / off.
+pub async fn metrics_cost(
+    on: &Server,
+    off: &Server,
+    plan: &Plan,
+    figures: &mut Figures,
+) -> Result<()> {
+    let spec = plan.load;
+    progress!(
+        "metrics: gateway CPU with metrics on vs off, {} connections, {} alternating rounds of {:?}",
+        spec.connections,
+        plan.rounds,
+        spec.duration
+    );
+    let name = "bench-metrics";
+    let fn_spec = json!({
+        "runtime": "nodejs", "min_instances": 1, "max_instances": 1,
+        "concurrency": spec.connections.max(1) * 2,
+    });
+    let mut targets = Vec::new();
+    for (label, server) in [("metrics on", on), ("metrics off", off)] {
+        create(server, name, &fn_spec, &[("handler.js", code::HELLO_NODE)]).await?;
+        let target = Target {
+            name: label.into(),
+            endpoint: Endpoint::Tcp(server.addr),
+            request: RequestTemplate::get(&format!("/fn/{NS}/{name}")),
+            cpu: vec![Meter {
+                name: "server",
+                source: CpuSource::process(server.pid())?,
+            }],
+        };
+        expect_ok(&target).await?;
+        targets.push(target);
+    }
+    let outcome = compare_checked(&targets, plan).await;
+    remove(on, name).await?;
+    remove(off, name).await?;
+    let comparison = outcome?;
+    let cpu_figures: [(&'static str, FromRound); 3] = [
+        ("gateway_cpu_us_metrics_on", |r| r[0].cpu_us_per_req(0)),
+        ("gateway_cpu_us_metrics_off", |r| r[1].cpu_us_per_req(0)),
+        ("metrics_cpu_ratio", |r| {
+            Some(ratio(r[0].cpu_us_per_req(0)?, r[1].cpu_us_per_req(0)?))
+        }),
+    ];
+    for (key, of) in cpu_figures {
+        if let Some(whole) = of(&comparison.totals) {
+            let rounds = comparison.per_round(|r| of(r).unwrap_or(f64::NAN));
+            figures.set_with_rounds(key, whole, &rounds);
+        }
+    }
+    Ok(())
+}
+
 /// A figure computed from the reports of one round (or of the totals), when it can be.
 type FromRound = fn(&[LoadReport]) -> Option<f64>;
 

@@ -127,6 +127,9 @@ pub const FIGURES: &[(&str, &str, Option<Target>)] = &[
     ("instance_cpu_us_per_req", "µs", None),
     ("instance_cpu_us_per_req_direct", "µs", None),
     ("gateway_cpu_ratio", "", None),
+    ("gateway_cpu_us_metrics_on", "µs", None),
+    ("gateway_cpu_us_metrics_off", "µs", None),
+    ("metrics_cpu_ratio", "", None),
     (
         "gateway_vs_plain_node",
         "",

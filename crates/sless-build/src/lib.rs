@@ -194,6 +194,19 @@ pub enum BuildError {
     Internal(String),
 }
 
+impl BuildError {
+    /// Whether the code (or its manifest) is at fault, rather than the server.
+    pub fn is_users(&self) -> bool {
+        matches!(
+            self,
+            BuildError::Failed { .. }
+                | BuildError::TimedOut(_)
+                | BuildError::Unsupported(_)
+                | BuildError::Archive(_)
+        )
+    }
+}
+
 fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> BuildError {
     let context = context.into();
     move |source| BuildError::Io { context, source }
@@ -312,6 +325,7 @@ impl Builder {
     /// Builds `req`, or returns the finished build with the same key at once.
     pub async fn build(&self, req: BuildRequest) -> Result<BuildOutput, BuildError> {
         if matches!(req.family, RuntimeFamily::Go | RuntimeFamily::Custom) {
+            sless_metrics::build(sless_metrics::BuildResult::Failed, None);
             return Err(BuildError::Unsupported(format!(
                 "runtime {} is not supported yet",
                 req.family.as_str()
@@ -333,6 +347,7 @@ impl Builder {
                 renew(deps);
             }
             (req.log)("==> code unchanged, reusing the previous build");
+            sless_metrics::build(sless_metrics::BuildResult::Reused, None);
             return Ok(done);
         }
         let _permit = self
@@ -343,6 +358,14 @@ impl Builder {
 
         let started = Instant::now();
         let result = self.run(&key, &req, started + self.cfg.timeout).await;
+        sless_metrics::build(
+            match &result {
+                Ok(_) => sless_metrics::BuildResult::Ok,
+                Err(e) if e.is_users() => sless_metrics::BuildResult::Failed,
+                Err(_) => sless_metrics::BuildResult::Error,
+            },
+            Some(started.elapsed()),
+        );
         match &result {
             Ok(_) => (req.log)(&format!(
                 "==> build finished in {:.1} s",

@@ -321,6 +321,11 @@ impl Calls {
             .unwrap_or(0)
     }
 
+    /// Unfinished (queued or running) calls of every namespace.
+    pub fn queued_total(&self) -> u64 {
+        self.lock_counts().namespaces.values().sum()
+    }
+
     /// Queues a call. When this returns `Ok` the call is committed in the store and
     /// its worker woken; the id is the call's.
     pub async fn enqueue(&self, call: NewCall) -> Result<String, EnqueueError> {

@@ -305,7 +305,10 @@ async fn write_telemetry(
         let mut failures = 0u32;
         loop {
             match store.insert_telemetry(&rows).await {
-                Ok(_) => break,
+                Ok(_) => {
+                    sless_metrics::telemetry_messages(rows.len() as u64);
+                    break;
+                }
                 Err(e) => {
                     failures += 1;
                     let wait = WRITE_RETRY.jittered(failures, rand::rng().random());

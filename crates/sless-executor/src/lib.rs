@@ -348,11 +348,42 @@ impl Executor {
         name: &str,
         request: InvokeRequest,
     ) -> Result<InvokeResponse, InvokeError> {
-        let pool = self.pool(namespace, name).ok_or(InvokeError::NotFound)?;
-        pool.account()
-            .admit_call()
-            .map_err(InvokeError::QuotaExceeded)?;
-        pool.invoke(request).await
+        self.invoke_metered(namespace, name, request).await.0
+    }
+
+    /// [`Executor::invoke`], also giving the function's invocation series (`None`
+    /// when no pool serves it) so the caller records the outcome without looking
+    /// them up.
+    pub async fn invoke_metered(
+        &self,
+        namespace: &str,
+        name: &str,
+        request: InvokeRequest,
+    ) -> (
+        Result<InvokeResponse, InvokeError>,
+        Option<Arc<sless_metrics::FunctionMetrics>>,
+    ) {
+        let Some(pool) = self.pool(namespace, name) else {
+            return (Err(InvokeError::NotFound), None);
+        };
+        let metrics = pool.metrics().clone();
+        if let Err(refusal) = pool.account().admit_call() {
+            return (Err(InvokeError::QuotaExceeded(refusal)), Some(metrics));
+        }
+        (pool.invoke(request).await, Some(metrics))
+    }
+
+    /// Instances of every function by state, and the warm pool's generic ones:
+    /// `(ready, starting, warm)`.
+    pub fn instance_totals(&self) -> (u64, u64, u64) {
+        let (mut ready, mut starting) = (0u64, 0u64);
+        for pool in self.all_pools() {
+            let c = pool.counts();
+            ready += u64::from(c.ready);
+            starting += u64::from(c.starting);
+        }
+        let warm = self.warm.as_ref().map_or(0, |w| w.idle() as u64);
+        (ready, starting, warm)
     }
 
     /// Resolves once everything a function's instances wrote to stdout and stderr

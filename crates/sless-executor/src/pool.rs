@@ -46,6 +46,9 @@ pub(crate) struct Pool<L: Launcher> {
     outputs: Outputs,
     /// The namespace's quotas: every instance holds a [`Reservation`] until it exits.
     account: Arc<Account>,
+    /// The function's invocation series, kept here so the invoke path finds them
+    /// with the pool (see `sless_metrics`).
+    metrics: Arc<sless_metrics::FunctionMetrics>,
     me: Weak<Pool<L>>,
 }
 
@@ -78,7 +81,12 @@ impl<L: Launcher> Pool<L> {
         deployment: Deployment,
         account: Arc<Account>,
     ) -> Arc<Self> {
+        let metrics = Arc::new(sless_metrics::FunctionMetrics::new(
+            &deployment.namespace,
+            &deployment.name,
+        ));
         Arc::new_cyclic(|me| Pool {
+            metrics,
             cfg,
             launcher,
             sink,
@@ -125,6 +133,11 @@ impl<L: Launcher> Pool<L> {
 
     pub fn is_private(&self) -> bool {
         self.lock().deployment.private
+    }
+
+    /// The function's invocation series.
+    pub fn metrics(&self) -> &Arc<sless_metrics::FunctionMetrics> {
+        &self.metrics
     }
 
     /// The namespace's quotas.

@@ -139,6 +139,11 @@ impl<L: Launcher> WarmPool<L> {
     }
 
     /// Stops every idle generic instance and starts no more.
+    /// Generic instances ready to be taken.
+    pub fn idle(&self) -> usize {
+        self.lock().idle.values().map(Vec::len).sum()
+    }
+
     pub fn close(&self) {
         let mut st = self.lock();
         st.closed = true;

@@ -170,8 +170,39 @@ pub struct Gateway {
 /// extensions) cost a tenth of the gateway's work per request. Anything else, and any
 /// `/fn/` path this does not recognise, goes to `app`, whose routes answer exactly as
 /// before.
+///
+/// Every request is counted in `sless_http_requests_total` by its route template
+/// (when metrics are on): the fast path's with handles it keeps, the router's from
+/// the route it matched (`unmatched` for none), so raw paths never become labels.
 pub fn with_fast_path(gateway: Gateway, app: Router) -> FastPath {
+    let app = if sless_metrics::enabled() {
+        app.layer(axum::middleware::from_fn(count_request))
+    } else {
+        app
+    };
     FastPath { gateway, app }
+}
+
+/// The route label of `/fn/` requests, whether the fast path or the router answers.
+const FN_ROUTE: &str = "/fn/{ns}/{name}";
+
+/// `/fn/` requests by status, counted without a lookup.
+static FN_REQUESTS: sless_metrics::RouteCounters = sless_metrics::RouteCounters::new(FN_ROUTE);
+
+/// Counts a request the router answered, by the template of the route it matched.
+async fn count_request(req: Request, next: axum::middleware::Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|m| m.as_str().to_owned());
+    let response = next.run(req).await;
+    let status = response.status().as_u16();
+    match route.as_deref() {
+        // The router's `/fn/` routes (paths the fast path left to it) count as one.
+        Some(r) if r.starts_with("/fn/") => FN_REQUESTS.request(status),
+        route => sless_metrics::http_request(route, status),
+    }
+    response
 }
 
 /// See [`with_fast_path`].
@@ -206,7 +237,11 @@ impl FastPath {
     pub fn dispatch(&self, req: Request) -> <Self as tower::Service<Request>>::Future {
         if let Some((ns, name, path)) = fn_target(req.uri().path()) {
             let gw = self.gateway.clone();
-            return Box::pin(async move { Ok(handle(gw, ns, name, path, req).await) });
+            return Box::pin(async move {
+                let response = handle(gw, ns, name, path, req).await;
+                FN_REQUESTS.request(response.status().as_u16());
+                Ok(response)
+            });
         }
         let mut app = self.app.clone();
         Box::pin(async move { tower::Service::call(&mut app, req).await })

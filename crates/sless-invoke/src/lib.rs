@@ -10,8 +10,13 @@
 //! gateway maps a handler's `statusCode`) finishes with that status; the others
 //! take [`Invoker::run`], which finishes with the pipeline's status.
 //!
+//! Every finished outcome is also counted in the function's Prometheus series
+//! (`sless_metrics::FunctionMetrics`, which the executor hands back with its answer,
+//! so no label is looked up per call).
+//!
 //! Invariant: nothing here touches the metadata store. With recording off nothing is
-//! timed, allocated or sent for the record.
+//! timed, allocated or sent for the record; with metrics off nothing is timed or
+//! counted for them.
 
 mod failed;
 mod record;
@@ -258,6 +263,7 @@ impl Invoker {
     pub async fn invoke<'a>(&'a self, mut call: Call<'a>) -> Outcome<'a> {
         let pipeline = self.pipeline();
         let started = pipeline.start();
+        let clock = sless_metrics::enabled().then(Instant::now);
         let request = InvokeRequest {
             // The record needs the rest of the call; the event goes to the instance.
             event: std::mem::take(&mut call.event),
@@ -265,11 +271,17 @@ impl Invoker {
             source: call.source,
             message: call.message.take(),
         };
-        let result = self
+        let (result, metrics) = self
             .executor
-            .invoke(call.namespace, call.function, request)
+            .invoke_metered(call.namespace, call.function, request)
             .await;
-        pipeline.conclude(&call, started, result)
+        let mut outcome = pipeline.conclude(&call, started, result);
+        outcome.meter = clock.map(|clock| Meter {
+            clock,
+            // A job's run recorded under its function is counted under that name too.
+            metrics: metrics.filter(|_| call.recorded_as.is_none()),
+        });
+        outcome
     }
 
     /// Invokes the call's function and records it with the pipeline's status
@@ -279,6 +291,7 @@ impl Invoker {
         let outcome = self.invoke(call).await;
         let status = outcome.status();
         let error = outcome.error();
+        outcome.count(status);
         let result = outcome.finish_with(status, error.clone());
         Finished {
             result,
@@ -330,6 +343,7 @@ impl<'a> Pipeline<'a> {
             attempt: call.attempt,
             trigger: call.trigger,
             call_id: call.call_id,
+            meter: None,
         }
     }
 
@@ -381,6 +395,13 @@ impl Started {
     }
 }
 
+/// What the metrics need of an invocation: its clock, and its function's series
+/// (`None`: no pool serves it, or it is counted under another name).
+struct Meter {
+    clock: Instant,
+    metrics: Option<Arc<sless_metrics::FunctionMetrics>>,
+}
+
 /// What an invocation came to, not yet recorded: finish it with the status the
 /// caller answered with.
 #[must_use = "an outcome is recorded only when finished"]
@@ -399,6 +420,8 @@ pub struct Outcome<'a> {
     attempt: Option<u32>,
     trigger: Option<&'a str>,
     call_id: Option<&'a str>,
+    /// `None` when metrics are off.
+    meter: Option<Meter>,
 }
 
 impl Outcome<'_> {
@@ -421,11 +444,36 @@ impl Outcome<'_> {
     /// Records the invocation as answered with `status` and gives back the result.
     /// A function that does not exist ([`InvokeError::NotFound`]) leaves no record.
     pub fn finish(self, status: u16) -> Result<InvokeResponse, InvokeError> {
+        self.count(status);
         if self.started.is_none() {
             return self.result;
         }
         let error = self.error();
         self.finish_with(status, error)
+    }
+
+    /// Counts the invocation in its function's series (a function that does not
+    /// exist has none).
+    fn count(&self, status: u16) {
+        let Some(meter) = &self.meter else { return };
+        let cold_start = match &self.result {
+            Ok(r) => r.cold_start,
+            Err(InvokeError::NotFound) => return,
+            Err(_) => false,
+        };
+        let took = meter.clock.elapsed();
+        let source = self.source.as_str();
+        match &meter.metrics {
+            Some(m) => m.invocation(source, status, took, cold_start),
+            None => sless_metrics::invocation(
+                self.namespace,
+                self.function,
+                source,
+                status,
+                took,
+                cold_start,
+            ),
+        }
     }
 
     fn finish_with(

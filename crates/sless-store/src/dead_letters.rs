@@ -41,6 +41,8 @@ pub trait DeadLetterStore: Send + Sync + 'static {
     ) -> Result<Vec<DeadLetter>>;
     /// Deletes a dead letter; `NotFound` when there is none of that id in the namespace.
     async fn delete_dead_letter(&self, namespace: &str, id: &str) -> Result<()>;
+    /// How many dead letters live namespaces hold (the `sless_dead_letters` gauge).
+    async fn count_dead_letters(&self) -> Result<u64>;
 }
 
 fn dead_letter_from_row(row: &AnyRow) -> Result<DeadLetter> {
@@ -161,6 +163,15 @@ impl DeadLetterStore for SqlStore {
         }
         Ok(())
     }
+    async fn count_dead_letters(&self) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar(concat!(
+            "SELECT COUNT(*) FROM dead_letters WHERE ",
+            live!("namespace")
+        ))
+        .fetch_one(self.pool())
+        .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
 }
 
 #[cfg(test)]
@@ -202,6 +213,7 @@ mod tests {
             .unwrap();
         let ids: Vec<_> = all.iter().map(|d| d.id.as_str()).collect();
         assert_eq!(ids, ["d2", "d1"]);
+        assert_eq!(store.count_dead_letters().await.unwrap(), 2);
         assert_eq!(all[1].payload, vec![0xff, 0x00]);
         assert_eq!(all[1].source, DeadLetterSource::Queue);
         let by_trigger = DeadLetterFilter {

@@ -123,6 +123,8 @@ pub struct Engine {
     tasks: TaskTracker,
     /// The engine itself, for the tasks it spawns from `&self`.
     me: Weak<Engine>,
+    /// Its Prometheus counters (as [`DeliveryCounters`], process-wide).
+    metrics: sless_metrics::DeliveryMetrics,
 }
 
 /// What the engine's lock guards.
@@ -197,7 +199,14 @@ impl Engine {
         capacity: usize,
         fixed_capacity: bool,
     ) -> Arc<Self> {
+        let metrics = match &target.trigger {
+            Some(trigger) => sless_metrics::DeliveryMetrics::queue(&target.namespace, trigger),
+            None => {
+                sless_metrics::DeliveryMetrics::async_calls(&target.namespace, &target.function)
+            }
+        };
         Arc::new_cyclic(|me| Self {
+            metrics,
             target,
             fire,
             hooks,
@@ -247,6 +256,7 @@ impl Engine {
             return;
         }
         st.counters.received += 1;
+        self.metrics.received.increment(1);
         st.held += 1;
         let policy = st.policy;
         let ordered_key = match policy.ordering {
@@ -317,9 +327,11 @@ impl Engine {
             st.in_flight -= 1;
             if !success {
                 st.counters.failed += 1;
+                self.metrics.failed.increment(1);
             }
             if retry {
                 st.counters.retried += 1;
+                self.metrics.retried.increment(1);
             }
             self.pump(&mut st);
         }
@@ -375,8 +387,14 @@ impl Engine {
         {
             let mut st = self.lock();
             match settled {
-                Settled::Succeeded { .. } => st.counters.succeeded += 1,
-                Settled::DeadLettered { .. } => st.counters.dead_lettered += 1,
+                Settled::Succeeded { .. } => {
+                    st.counters.succeeded += 1;
+                    self.metrics.succeeded.increment(1);
+                }
+                Settled::DeadLettered { .. } => {
+                    st.counters.dead_lettered += 1;
+                    self.metrics.dead_lettered.increment(1);
+                }
             }
             if let Some(key) = ordered_key {
                 // The next delivery with this key may go; the key stays active for it.

@@ -312,6 +312,23 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub async_callback_allow_private: bool,
+    // --- Metrics ---
+    /// Record Prometheus metrics and serve them at GET /metrics (false: nothing is
+    /// recorded and /metrics answers 404). (true/false, 1/0, yes/no, on/off.)
+    #[arg(
+        long,
+        env = "SLESS_METRICS",
+        default_value = "true",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub metrics: bool,
+    /// A token GET /metrics requires as `Authorization: Bearer <token>` (401
+    /// without it); unset, /metrics is open to anyone who reaches the listener.
+    #[arg(long, env = "SLESS_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
     // --- Code archives ---
     #[command(flatten)]
     #[serde(flatten)]
@@ -560,6 +577,15 @@ async fn build(args: ServeArgs) -> Result<Server> {
     }
     create_private_dir(&data_dir)?;
     let admin_token = admin_token(&data_dir)?;
+    // Before anything records: the invoke path keeps the handles it is given now.
+    let metrics = sless_api::MetricsEndpoint {
+        exporter: if args.metrics {
+            Some(sless_metrics::install().context("cannot start recording metrics")?)
+        } else {
+            None
+        },
+        token: args.metrics_token.clone().filter(|t| !t.trim().is_empty()),
+    };
     // Before anything starts: a key that is malformed or unsafe stops the server.
     let cipher = Arc::new(
         sless_secrets::Cipher::load(std::env::var("SLESS_SECRET_KEY").ok().as_deref(), &data_dir)
@@ -950,6 +976,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
         device_store,
         trash: trash_store,
         backup: Some(backup_store),
+        metrics,
     });
     let devices_handle = devices;
     let gateway = sless_gateway::Gateway {

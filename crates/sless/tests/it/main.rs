@@ -31,6 +31,7 @@ mod invoke;
 mod jobs;
 mod jwt;
 mod lifecycle;
+mod metrics;
 mod namespace_trash;
 mod queue_amqp;
 mod queue_harness;
