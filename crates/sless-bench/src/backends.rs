@@ -1,7 +1,7 @@
 //! The production backends against the embedded ones, in the same run:
 //!
-//! - `gateway_ratio_pg`: warm gateway throughput of a server on PostgreSQL over one on
-//!   SQLite (the same Node hello, alternating rounds), with each server's CPU per
+//! - `gateway_ratio_pg`: warm gateway throughput of a server on PostgreSQL and S3 over
+//!   one on SQLite and the local directory (the same Node hello, alternating rounds), with each server's CPU per
 //!   request (`server_cpu_us_per_req_sqlite`, `_pg`). The invoke path never waits on
 //!   the store, so the ratio should be about 1.
 //! - `deploy_ratio_pg_s3`: deploy p50 (upload → `Ready`) on PostgreSQL and S3 (moto on
@@ -55,10 +55,33 @@ pub async fn measure(
 
     record_writes(&database(&pg)?, scratch, plan, figures).await?;
 
+    let moto = tokio::task::spawn_blocking(|| {
+        let moto = sless_brokers::Moto::start()?;
+        moto.create_bucket("sless-bench")?;
+        Ok::<_, anyhow::Error>(moto)
+    })
+    .await
+    .map_err(|e| BenchError::Setup(format!("starting moto: {e}")))?
+    .map_err(|e| BenchError::Setup(format!("starting moto (S3): {e:#}")))?;
     let dir = scratch.join("backend-pg");
     std::fs::create_dir_all(&dir).map_err(io("create a scratch directory"))?;
     let url = database(&pg)?;
-    let args = vec!["--database-url".to_string(), url];
+    let args: Vec<String> = [
+        "--database-url",
+        &url,
+        "--blob-url",
+        "s3://sless-bench/code",
+        "--s3-endpoint",
+        &moto.endpoint(),
+        "--s3-region",
+        sless_brokers::moto::REGION,
+        "--s3-access-key-id",
+        sless_brokers::moto::ACCESS_KEY_ID,
+        "--s3-secret-access-key",
+        sless_brokers::moto::SECRET_ACCESS_KEY,
+    ]
+    .map(str::to_owned)
+    .into();
     let mut other = Server::start(&ServerConfig {
         binary: programs.sless,
         python: programs.python,
