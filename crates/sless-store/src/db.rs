@@ -102,10 +102,9 @@ impl SqlStore {
         } else if let Some(path) = sqlite_file(url) {
             Self::open(Path::new(path)).await
         } else {
-            Err(StoreError::Config(format!(
-                "--database-url: {} is neither postgres://... nor sqlite://PATH",
-                redact_url(url)
-            )))
+            Err(StoreError::Config(
+                "--database-url: expected postgres://user:password@host/db or sqlite://PATH".into(),
+            ))
         }
     }
 
@@ -177,28 +176,6 @@ pub fn sqlite_file(url: &str) -> Option<&str> {
         .or_else(|| url.strip_prefix("sqlite:"))?;
     let path = path.split('?').next().unwrap_or(path);
     (!path.is_empty()).then_some(path)
-}
-
-/// `url` with its password replaced by `***`, for logs and `--print-config`.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let (authority, tail) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            if userinfo.contains(':') {
-                format!("{scheme}://{user}:***@{host}{tail}")
-            } else {
-                url.to_string()
-            }
-        }
-        None => url.to_string(),
-    }
 }
 
 fn now() -> String {

@@ -44,7 +44,7 @@ pub use calls::{
     CallFilter, CallRecord, CallResponse, CallStore, DEFAULT_CALL_LIMIT, MAX_CALL_LIMIT,
     PendingCall,
 };
-pub use db::{Backend, SqlStore, redact_url, sqlite_file};
+pub use db::{Backend, SqlStore, sqlite_file};
 pub use dead_letters::{
     DEFAULT_DEAD_LETTER_LIMIT, DeadLetterFilter, DeadLetterStore, MAX_DEAD_LETTER_LIMIT,
 };

@@ -607,7 +607,7 @@ async fn build(args: ServeArgs) -> Result<Server> {
         Some(url) => SqlStore::from_url(url).await.with_context(|| {
             format!(
                 "cannot open the metadata store at {}",
-                sless_store::redact_url(url)
+                crate::config::redact_url(url)
             )
         })?,
         None => SqlStore::open(&data_dir.join("sless.db"))

@@ -99,7 +99,10 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
         Some(url) => sless_store::SqlStore::from_url(url)
             .await
             .with_context(|| {
-                format!("cannot open the database {}", sless_store::redact_url(url))
+                format!(
+                    "cannot open the database {}",
+                    crate::config::redact_url(url)
+                )
             })?,
         None => sless_store::SqlStore::open(&args.data_dir.join("sless.db"))
             .await
@@ -127,7 +130,7 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
         args.data_dir.display(),
         args.database_url
             .as_deref()
-            .map(|u| format!(" --database-url {}", sless_store::redact_url(u)))
+            .map(|u| format!(" --database-url {}", crate::config::redact_url(u)))
             .unwrap_or_default(),
         args.blobs
             .blob_url
