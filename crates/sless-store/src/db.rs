@@ -57,7 +57,14 @@ impl SqlStore {
         let path = path
             .to_str()
             .ok_or_else(|| StoreError::Config(format!("{}: not a UTF-8 path", path.display())))?;
-        // `Any` takes its options as a URL; `mode=rwc` creates the file if missing.
+        // `Any` takes its options as a URL (the path percent-encoded, so a data directory
+        // may hold spaces, `%`, `?` or `#`); `mode=rwc` creates the file if missing.
+        const PATH: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+            .add(b' ')
+            .add(b'%')
+            .add(b'?')
+            .add(b'#');
+        let path = percent_encoding::utf8_percent_encode(path, PATH);
         let options = AnyConnectOptions::from_str(&format!("sqlite://{path}?mode=rwc"))?;
         let pool = AnyPoolOptions::new()
             .max_connections(4)
@@ -701,5 +708,28 @@ mod tests {
             store.delete_namespace("team", true).await,
             Err(StoreError::NotFound { .. })
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_sqlite_file_may_have_any_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let odd = dir.path().join("data dir #1 %20 ?x");
+        std::fs::create_dir(&odd).unwrap();
+        let store = SqlStore::open(&odd.join("sless.db")).await.unwrap();
+        crate::Store::ensure_namespace(&store, "team")
+            .await
+            .unwrap();
+        drop(store);
+        assert!(odd.join("sless.db").is_file());
+        let again = SqlStore::open(&odd.join("sless.db")).await.unwrap();
+        assert_eq!(
+            crate::Store::list_namespaces(&again).await.unwrap().len(),
+            1
+        );
     }
 }
