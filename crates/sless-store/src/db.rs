@@ -709,11 +709,6 @@ mod tests {
             Err(StoreError::NotFound { .. })
         ));
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     #[tokio::test]
     async fn a_sqlite_file_may_have_any_name() {
