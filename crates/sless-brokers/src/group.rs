@@ -127,6 +127,36 @@ impl Drop for Group {
     }
 }
 
+/// The running process of a service that is stopped and started again on the same
+/// port and data (tests of restarts); empty while it is stopped.
+#[derive(Debug, Default)]
+pub(crate) struct Slot(std::sync::Mutex<Option<Group>>);
+
+impl Slot {
+    /// The process, locked (a test that panicked while holding it poisons nothing).
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Option<Group>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stops the process if it runs: gracefully (SIGTERM, then SIGKILL after the
+    /// grace period) or at once.
+    pub(crate) fn stop(&self, graceful: bool) {
+        if let Some(mut group) = self.lock().take() {
+            group.stop(graceful);
+        }
+    }
+
+    /// For a (re)start: stops the process if it runs, gracefully, and keeps the slot
+    /// locked until the new one is put in it.
+    pub(crate) fn restarting(&self) -> std::sync::MutexGuard<'_, Option<Group>> {
+        let mut process = self.lock();
+        if let Some(mut group) = process.take() {
+            group.stop(true);
+        }
+        process
+    }
+}
+
 /// Waits until `ready` says yes, the process is gone, or `timeout` passes.
 pub(crate) fn wait_until(
     group: &mut Group,

@@ -8,13 +8,12 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 
 use crate::free_port;
-use crate::group::{Group, wait_until};
+use crate::group::{Group, Slot, wait_until};
 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_GRACE: Duration = Duration::from_secs(5);
@@ -29,7 +28,7 @@ pub const REGION: &str = "us-east-1";
 pub struct Moto {
     port: u16,
     dir: tempfile::TempDir,
-    process: Mutex<Option<Group>>,
+    process: Slot,
 }
 
 /// The `moto_server` to run (see the module's doc).
@@ -52,7 +51,7 @@ impl Moto {
         let moto = Moto {
             port: free_port()?,
             dir: tempfile::Builder::new().prefix("sless-moto-").tempdir()?,
-            process: Mutex::new(None),
+            process: Slot::default(),
         };
         moto.start_again()?;
         Ok(moto)
@@ -79,10 +78,7 @@ impl Moto {
 
     /// Stops the server (SIGTERM). Does nothing if it is not running.
     pub fn stop(&self) {
-        let mut process = self.process.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut group) = process.take() {
-            group.stop(true);
-        }
+        self.process.stop(true);
     }
 
     /// Freezes the server (SIGSTOP): connections are still accepted by the kernel
@@ -97,7 +93,7 @@ impl Moto {
     }
 
     fn signal(&self, signal: &str) -> anyhow::Result<()> {
-        let process = self.process.lock().unwrap_or_else(|e| e.into_inner());
+        let process = self.process.lock();
         match process.as_ref() {
             Some(group) => group.signal(signal),
             None => bail!("moto_server is not running"),
@@ -107,10 +103,7 @@ impl Moto {
     /// Starts the server on its port (stopping it first if it runs), empty, and
     /// waits until it answers.
     pub fn start_again(&self) -> anyhow::Result<()> {
-        let mut process = self.process.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut group) = process.take() {
-            group.stop(true);
-        }
+        let mut process = self.process.restarting();
         let program = moto_server();
         let args = ["-H", "127.0.0.1", "-p", &self.port.to_string()].map(str::to_owned);
         let log = self.dir.path().join("moto.log");
@@ -157,10 +150,7 @@ impl Moto {
 
 impl Drop for Moto {
     fn drop(&mut self) {
-        let mut process = self.process.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut group) = process.take() {
-            group.stop(false);
-        }
+        self.process.stop(false);
     }
 }
 

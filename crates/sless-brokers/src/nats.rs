@@ -5,11 +5,10 @@
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::free_port;
-use crate::group::{Group, wait_until};
+use crate::group::{Group, Slot, wait_until};
 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_GRACE: Duration = Duration::from_secs(15);
@@ -20,7 +19,7 @@ const STOP_GRACE: Duration = Duration::from_secs(15);
 pub struct Nats {
     port: u16,
     dir: tempfile::TempDir,
-    process: Mutex<Option<Group>>,
+    process: Slot,
 }
 
 impl Nats {
@@ -38,7 +37,7 @@ impl Nats {
         Ok(Nats {
             port: free_port()?,
             dir,
-            process: Mutex::new(None),
+            process: Slot::default(),
         })
     }
 
@@ -61,27 +60,18 @@ impl Nats {
 
     /// Stops the server gracefully. Does nothing if it is not running.
     pub fn stop(&self) {
-        let mut process = self.process.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut group) = process.take() {
-            group.stop(true);
-        }
+        self.process.stop(true);
     }
 
     /// Kills the server at once (SIGKILL).
     pub fn kill(&self) {
-        let mut process = self.process.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut group) = process.take() {
-            group.stop(false);
-        }
+        self.process.stop(false);
     }
 
     /// Stops the server if it runs, starts it again on the same port with the same
     /// store, and waits until it greets clients.
     pub fn restart(&self) -> anyhow::Result<()> {
-        let mut process = self.process.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut group) = process.take() {
-            group.stop(true);
-        }
+        let mut process = self.process.restarting();
         let store = self.dir.path().join("store").display().to_string();
         let args = [
             "-js",

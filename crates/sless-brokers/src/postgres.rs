@@ -5,14 +5,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
 
 use crate::free_port;
-use crate::group::{Group, wait_until};
+use crate::group::{Group, Slot, wait_until};
 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_GRACE: Duration = Duration::from_secs(15);
@@ -24,7 +23,7 @@ const USER: &str = "sless";
 pub struct Postgres {
     port: u16,
     dir: tempfile::TempDir,
-    process: Mutex<Option<Group>>,
+    process: Slot,
     databases: AtomicU32,
 }
 
@@ -37,7 +36,7 @@ impl Postgres {
         let pg = Postgres {
             port: free_port()?,
             dir,
-            process: Mutex::new(None),
+            process: Slot::default(),
             databases: AtomicU32::new(0),
         };
         // The server runs as `postgres`: it must reach its directory.
@@ -109,27 +108,18 @@ impl Postgres {
 
     /// Stops the server gracefully. Does nothing if it is not running.
     pub fn stop(&self) {
-        let mut process = self.process.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut group) = process.take() {
-            group.stop(true);
-        }
+        self.process.stop(true);
     }
 
     /// Kills the server at once (SIGKILL).
     pub fn kill(&self) {
-        let mut process = self.process.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut group) = process.take() {
-            group.stop(false);
-        }
+        self.process.stop(false);
     }
 
     /// Stops the server if it runs, starts it again on the same port with the same
     /// data, and waits until it accepts connections.
     pub fn restart(&self) -> anyhow::Result<()> {
-        let mut process = self.process.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut group) = process.take() {
-            group.stop(true);
-        }
+        let mut process = self.process.restarting();
         let data = self.data().display().to_string();
         let args: Vec<String> = [
             "-u",

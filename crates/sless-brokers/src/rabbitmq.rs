@@ -9,13 +9,12 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::Context;
 
 use crate::free_port;
-use crate::group::{Group, wait_until};
+use crate::group::{Group, Slot, wait_until};
 
 /// Where Debian keeps the unwrapped start script.
 const SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
@@ -31,7 +30,7 @@ pub struct RabbitMq {
     port: u16,
     dir: tempfile::TempDir,
     env: Vec<(String, String)>,
-    process: Mutex<Option<Group>>,
+    process: Slot,
 }
 
 impl RabbitMq {
@@ -108,7 +107,7 @@ impl RabbitMq {
             port,
             dir,
             env,
-            process: Mutex::new(None),
+            process: Slot::default(),
         })
     }
 
@@ -133,27 +132,18 @@ impl RabbitMq {
     /// Stops the node gracefully (its durable queues and persistent messages stay
     /// on disk). Does nothing if it is not running.
     pub fn stop(&self) {
-        let mut process = self.process.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut group) = process.take() {
-            group.stop(true);
-        }
+        self.process.stop(true);
     }
 
     /// Kills the node at once (SIGKILL), as a crash would.
     pub fn kill(&self) {
-        let mut process = self.process.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut group) = process.take() {
-            group.stop(false);
-        }
+        self.process.stop(false);
     }
 
     /// Stops the node if it runs, then starts it again on the same port with the
     /// same data, and waits until it speaks AMQP.
     pub fn restart(&self) -> anyhow::Result<()> {
-        let mut process = self.process.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut group) = process.take() {
-            group.stop(true);
-        }
+        let mut process = self.process.restarting();
         let epmd_port = self
             .env
             .iter()
