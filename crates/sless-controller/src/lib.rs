@@ -593,7 +593,6 @@ impl Controller {
             Err(
                 e @ (BuildError::Failed { .. }
                 | BuildError::TimedOut(_)
-                | BuildError::Unsupported(_)
                 | BuildError::Archive(_)),
             ) => {
                 sink.line("sless", &format!("revision {revision} failed to build"));
