@@ -28,7 +28,7 @@ pub const SHIM_FILE: &str = "zz_sless_main.go";
 /// The generated file that hands the entrypoint to the shim.
 pub const ENTRY_FILE: &str = "zz_sless_entry.go";
 /// The compiled function, relative to the build's code directory (`/code` in the sandbox).
-pub const BINARY: &str = ".sless-handler";
+pub const BINARY: &str = sless_core::GO_BINARY;
 /// `go.mod` for code that brings none.
 const DEFAULT_GO_MOD: &str = "module handler\n\ngo 1.19\n";
 
