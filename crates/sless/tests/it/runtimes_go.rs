@@ -108,6 +108,21 @@ async fn go_functions_answer_errors_panics_and_timeouts() {
         .wait_log("hello-go", "panic: runtime error: index out of range")
         .await;
 
+    // An async call runs it through the delivery engine.
+    let resp = server
+        .client
+        .http()
+        .post(format!("{}/async/default/hello-go", server.url()))
+        .json(&json!({"n": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    let accepted: Value = resp.json().await.unwrap();
+    let id = accepted["call_id"].as_str().expect("call id").to_string();
+    let call = crate::async_calls::ended(&server, &id).await;
+    assert_eq!(call["phase"], "Succeeded", "{call}");
+
     // Past timeout_sec the caller gets 504, and the function serves again after.
     let (status, body) = server.get("hello-go", "/slow").await;
     assert_eq!(status, 504, "{body}");
@@ -359,4 +374,43 @@ async fn custom_bootstraps_serve_and_bad_ones_fail_clearly() {
             && message.contains("$SLESS_SOCKET"),
         "{message}"
     );
+}
+
+#[tokio::test]
+async fn a_self_contained_go_job_runs_its_own_code() {
+    let server = go_server().await;
+    let jobs = "/v1/namespaces/default/jobs";
+    let (status, job) = crate::harness::send(
+        &server,
+        reqwest::Method::POST,
+        jobs,
+        Some(json!({"name": "go-job", "runtime": "go", "event": {"n": 7}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{job}");
+    let code = crate::harness::zip(&[(
+        "handler.go",
+        "package main\n\nfunc Handle(event map[string]any) (any, error) {\n\treturn map[string]any{\"doubled\": event[\"n\"].(float64) * 2}, nil\n}\n",
+    )]);
+    let resp = server
+        .client
+        .http()
+        .put(format!("{}{jobs}/go-job/code", server.url()))
+        .bearer_auth(crate::harness::TOKEN)
+        .header("content-type", "application/zip")
+        .body(code)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    let (status, job) = crate::harness::send(
+        &server,
+        reqwest::Method::GET,
+        &format!("{jobs}/go-job?wait=60"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(job["status"]["phase"], "Succeeded", "{job}");
+    assert_eq!(job["status"]["result"], json!({"doubled": 14}));
 }
