@@ -6,6 +6,7 @@ mod code;
 mod cpu;
 mod error;
 mod events;
+mod golang;
 mod load;
 mod measure;
 mod procs;
@@ -74,6 +75,7 @@ enum Group {
     ColdPython,
     ColdNode,
     WarmNode,
+    Go,
     Scale,
     QueueAmqp,
     QueueKafka,
@@ -85,7 +87,7 @@ enum Group {
 }
 
 impl Group {
-    const ALL: [Group; 15] = [
+    const ALL: [Group; 16] = [
         Group::Bare,
         Group::PythonShim,
         Group::Rss,
@@ -93,6 +95,7 @@ impl Group {
         Group::ColdPython,
         Group::ColdNode,
         Group::WarmNode,
+        Group::Go,
         Group::Scale,
         Group::QueueAmqp,
         Group::QueueKafka,
@@ -123,6 +126,9 @@ impl Group {
             | "instance_cpu_us_per_req_direct"
             | "gateway_cpu_ratio"
             | "gateway_vs_plain_node" => Group::WarmNode,
+            "cold_ms_p50_go" | "deploy_ms_p50_go" | "warm_rps_gateway_go" | "go_vs_node_gateway" => {
+                Group::Go
+            }
             "python_shim_ratio" => Group::PythonShim,
             "scale_ratio" => Group::Scale,
             "queue_msgs_per_s_amqp" | "queue_vs_broker_amqp" => Group::QueueAmqp,
@@ -313,6 +319,11 @@ async fn measure_all(
                     figures,
                 )
                 .await?
+            }
+            Group::Go => {
+                let server = need(server)?;
+                measure::cold(server, ColdRuntime::Go, plan.cold_runs, figures).await?;
+                golang::go(server, &plan, figures).await?
             }
             Group::PythonShim => {
                 measure::python_shim(&opts.python, shim, scratch, &plan, figures).await?
