@@ -414,3 +414,50 @@ async fn a_self_contained_go_job_runs_its_own_code() {
     assert_eq!(job["status"]["phase"], "Succeeded", "{job}");
     assert_eq!(job["status"]["result"], json!({"doubled": 14}));
 }
+
+/// A folder of the repository as a zip, with each file's mode.
+fn example_zip(rel: &str) -> Vec<u8> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = crate::harness::repo_path(rel);
+    let files: Vec<(String, String, u32)> = crate::harness::dir_files(&dir)
+        .into_iter()
+        .map(|(path, content)| {
+            let mode = std::fs::metadata(dir.join(&path)).unwrap().permissions().mode() & 0o777;
+            (path, String::from_utf8(content).unwrap(), mode)
+        })
+        .collect();
+    let refs: Vec<(&str, &str, u32)> = files
+        .iter()
+        .map(|(p, c, m)| (p.as_str(), c.as_str(), *m))
+        .collect();
+    zip_with_modes(&refs)
+}
+
+#[tokio::test]
+async fn the_go_and_custom_examples_serve() {
+    let server = go_server().await;
+    let f = upload(
+        &server,
+        "hello-go",
+        json!({"runtime": "go"}),
+        example_zip("examples/hello-go"),
+    )
+    .await;
+    assert_eq!(f["status"]["phase"], "Ready", "{}", f["status"]);
+    let (status, body) = server.get("hello-go", "?name=gopher").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["hello"], "gopher");
+
+    let f = upload(
+        &server,
+        "custom-shell",
+        json!({"runtime": "custom"}),
+        example_zip("examples/custom-shell"),
+    )
+    .await;
+    assert_eq!(f["status"]["phase"], "Ready", "{}", f["status"]);
+    let (status, body) = server.get("custom-shell", "").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("you sent "), "{body}");
+    server.wait_log("custom-shell", "hello from sh, request").await;
+}
