@@ -126,9 +126,10 @@ impl Group {
             | "instance_cpu_us_per_req_direct"
             | "gateway_cpu_ratio"
             | "gateway_vs_plain_node" => Group::WarmNode,
-            "cold_ms_p50_go" | "deploy_ms_p50_go" | "warm_rps_gateway_go" | "go_vs_node_gateway" => {
-                Group::Go
-            }
+            "cold_ms_p50_go"
+            | "deploy_ms_p50_go"
+            | "warm_rps_gateway_go"
+            | "go_vs_node_gateway" => Group::Go,
             "python_shim_ratio" => Group::PythonShim,
             "scale_ratio" => Group::Scale,
             "queue_msgs_per_s_amqp" | "queue_vs_broker_amqp" => Group::QueueAmqp,

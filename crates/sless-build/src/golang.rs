@@ -44,7 +44,10 @@ impl Builder {
         let log = &req.log;
         let shim = self.cfg.runtime_dir.join("go").join("sless_main.go");
         let shim_text = tokio::fs::read_to_string(&shim).await.map_err(|e| {
-            BuildError::Internal(format!("the runtime shim {} is missing: {e}", shim.display()))
+            BuildError::Internal(format!(
+                "the runtime shim {} is missing: {e}",
+                shim.display()
+            ))
         })?;
         let sources = go_sources(code).map_err(io_err("reading the Go sources"))?;
         let entry = entry_file(&req.entrypoint, &sources);
@@ -117,7 +120,11 @@ impl Builder {
     }
 
     /// A custom runtime's entrypoint (`bootstrap`) must be an executable file in the archive.
-    pub(crate) fn check_bootstrap(&self, req: &BuildRequest, code: &Path) -> Result<(), BuildError> {
+    pub(crate) fn check_bootstrap(
+        &self,
+        req: &BuildRequest,
+        code: &Path,
+    ) -> Result<(), BuildError> {
         let name = &req.entrypoint;
         (req.log)(&format!("==> checking the executable {name}"));
         let path = code.join(name);
@@ -200,6 +207,9 @@ mod tests {
         // Missing: the compiler says `undefined: Handle`.
         assert!(entry_file("Handle", "package main\n").contains("slessUsePlain(Handle)"));
         // A prefix of another name is not a declaration of it.
-        assert!(entry_file("Handle", "func Handler(e map[string]any) {}").contains("slessUsePlain(Handle)"));
+        assert!(
+            entry_file("Handle", "func Handler(e map[string]any) {}")
+                .contains("slessUsePlain(Handle)")
+        );
     }
 }

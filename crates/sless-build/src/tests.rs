@@ -784,6 +784,9 @@ async fn go_code_compiles_into_one_binary_and_compile_errors_fail_with_the_compi
     req.entrypoint = "Handle".into();
     let message = failed_message(env.builder.build(req).await);
     assert!(message.starts_with("go build failed"), "{message}");
-    assert!(message.contains("handler.go:3:57: undefined: nope"), "{message}");
+    assert!(
+        message.contains("handler.go:3:57: undefined: nope"),
+        "{message}"
+    );
     assert_eq!(env.temps(), Vec::<String>::new());
 }

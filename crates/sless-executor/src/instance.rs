@@ -140,7 +140,9 @@ pub(crate) enum StartError {
     #[error("instance did not become ready within {seconds} s{output}")]
     NotReady { seconds: u64, output: StderrTail },
     /// A custom runtime's bootstrap did not listen on its socket within the start timeout.
-    #[error("bootstrap did not become ready within {seconds} s: it must listen on the Unix socket $SLESS_SOCKET and answer GET /_sless/ready{output}")]
+    #[error(
+        "bootstrap did not become ready within {seconds} s: it must listen on the Unix socket $SLESS_SOCKET and answer GET /_sless/ready{output}"
+    )]
     BootstrapNotReady { seconds: u64, output: StderrTail },
     /// Its readiness pipe was missing, failed or carried something else than `ready`.
     #[error("instance {why}{output}")]
@@ -214,10 +216,12 @@ impl SandboxInstance {
     ) -> Result<Arc<SandboxInstance>, StartError> {
         let run_dir = cfg.run_dir.join(&id);
         let sock_dir = run_dir.join("sock");
-        prepare_run_dir(&run_dir, &sock_dir, None, d.family == RuntimeFamily::Custom).map_err(|source| StartError::Prepare {
-            dir: run_dir.clone(),
-            source,
-        })?;
+        prepare_run_dir(&run_dir, &sock_dir, None, d.family == RuntimeFamily::Custom).map_err(
+            |source| StartError::Prepare {
+                dir: run_dir.clone(),
+                source,
+            },
+        )?;
         let secrets = SecretsDir::prepare(cfg, sandbox, &id).map_err(|source| {
             let _ = std::fs::remove_dir_all(&run_dir);
             StartError::Prepare {
@@ -1007,7 +1011,10 @@ fn process_spec(
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
     if custom {
-        env.push(("SLESS_SOCKET".into(), format!("{CUSTOM_SOCKET_DIR}/fn.sock")));
+        env.push((
+            "SLESS_SOCKET".into(),
+            format!("{CUSTOM_SOCKET_DIR}/fn.sock"),
+        ));
     } else {
         env.push(("SLESS_READY_FD".into(), "3".into()));
         env.push((

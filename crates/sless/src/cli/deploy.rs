@@ -152,10 +152,10 @@ pub fn detect_runtime(dir: &Path, entrypoint: Option<&str>) -> anyhow::Result<&'
         ("nodejs", "package.json"),
         ("go", "go.mod"),
     ]
-        .into_iter()
-        .filter(|(_, f)| exists(f))
-        .map(|(r, f)| (r, f.to_string()))
-        .collect();
+    .into_iter()
+    .filter(|(_, f)| exists(f))
+    .map(|(r, f)| (r, f.to_string()))
+    .collect();
     for found in [strong, weak] {
         match found.as_slice() {
             [] => continue,

@@ -152,7 +152,11 @@ async fn upload(server: &Server, name: &str, spec: Value, archive: Vec<u8>) -> V
     if server.client.get_function("default", name).await.is_err() {
         let mut body = spec;
         body["name"] = json!(name);
-        server.client.create_function("default", &body).await.unwrap();
+        server
+            .client
+            .create_function("default", &body)
+            .await
+            .unwrap();
     }
     let up = server
         .client
@@ -370,8 +374,7 @@ async fn custom_bootstraps_serve_and_bad_ones_fail_clearly() {
     assert_eq!(f["status"]["phase"], "Failed");
     let message = f["status"]["message"].as_str().unwrap();
     assert!(
-        message.contains("bootstrap did not become ready")
-            && message.contains("$SLESS_SOCKET"),
+        message.contains("bootstrap did not become ready") && message.contains("$SLESS_SOCKET"),
         "{message}"
     );
 }
@@ -422,7 +425,11 @@ fn example_zip(rel: &str) -> Vec<u8> {
     let files: Vec<(String, String, u32)> = crate::harness::dir_files(&dir)
         .into_iter()
         .map(|(path, content)| {
-            let mode = std::fs::metadata(dir.join(&path)).unwrap().permissions().mode() & 0o777;
+            let mode = std::fs::metadata(dir.join(&path))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777;
             (path, String::from_utf8(content).unwrap(), mode)
         })
         .collect();
@@ -446,7 +453,10 @@ async fn the_go_and_custom_examples_serve() {
     assert_eq!(f["status"]["phase"], "Ready", "{}", f["status"]);
     let (status, body) = server.get("hello-go", "?name=gopher").await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["hello"], "gopher");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["hello"],
+        "gopher"
+    );
 
     let f = upload(
         &server,
@@ -459,5 +469,7 @@ async fn the_go_and_custom_examples_serve() {
     let (status, body) = server.get("custom-shell", "").await;
     assert_eq!(status, 200, "{body}");
     assert!(body.starts_with("you sent "), "{body}");
-    server.wait_log("custom-shell", "hello from sh, request").await;
+    server
+        .wait_log("custom-shell", "hello from sh, request")
+        .await;
 }
