@@ -16,6 +16,8 @@ command -v slirp4netns >/dev/null || need_apt+=(slirp4netns)
 command -v node >/dev/null || need_apt+=(nodejs)
 command -v npm >/dev/null || need_apt+=(npm)
 command -v zip >/dev/null || need_apt+=(zip)
+# Go functions are built with Debian's Go toolchain (1.19 on Debian 12).
+[ -x /usr/bin/go ] || need_apt+=(golang-go)
 # The Kafka connector builds its bundled librdkafka with these.
 command -v gcc >/dev/null || need_apt+=(gcc)
 command -v make >/dev/null || need_apt+=(make)

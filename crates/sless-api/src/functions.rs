@@ -108,17 +108,8 @@ pub async fn create(
     }
     let mut spec: FunctionSpec = serde_path_to_error::deserialize(Value::Object(fields))
         .map_err(|e| ApiError::bad(spec_error(e)))?;
-    let runtime = spec.validate()?;
+    spec.validate()?;
     check_network(&s, &caller, spec.network)?;
-    if matches!(
-        runtime.family,
-        sless_core::RuntimeFamily::Go | sless_core::RuntimeFamily::Custom
-    ) {
-        return Err(ApiError::bad(format!(
-            "runtime: {:?} is not supported by this server yet (python3 and nodejs are)",
-            spec.runtime.name
-        )));
-    }
     s.store.get_namespace(&ns).await?;
     s.quotas.check_minimum(&ns, &spec).await?;
     // The count and the insert happen under the namespace's lock, so two creates
@@ -233,17 +224,6 @@ pub async fn patch(
         .await?;
     if request.get("network").and_then(Value::as_str) == Some(NetworkMode::Host.as_str()) {
         check_network(&s, &caller, NetworkMode::Host)?;
-    }
-    if let Some(runtime) = request.get("runtime").and_then(Value::as_str) {
-        let family = sless_core::Runtime::parse(runtime)?.family;
-        if matches!(
-            family,
-            sless_core::RuntimeFamily::Go | sless_core::RuntimeFamily::Custom
-        ) {
-            return Err(ApiError::bad(format!(
-                "runtime: {runtime:?} is not supported by this server yet (python3 and nodejs are)"
-            )));
-        }
     }
     check_patched_minimum(&s, &ns, &before.spec, &request).await?;
     let refs = crate::secrets::patch_refs(&request);

@@ -10,6 +10,13 @@ pub const HELLO_PY: &str = "def handle(event):\n    return {\"hello\": \"world\"
 /// A Node hello function; the plain Node baseline runs this same file.
 pub const HELLO_NODE: &str = "exports.handle = async (event) => ({ hello: \"world\" });\n";
 
+/// The Go hello of the Go figures; `run` changes only a comment (a code-only change).
+pub fn hello_go(run: u64) -> String {
+    format!(
+        "package main\n\n// run {run}\nfunc Handle(event map[string]any) (any, error) {{\n\treturn map[string]any{{\"hello\": \"world\"}}, nil\n}}\n"
+    )
+}
+
 /// A Python handler that answers its event: the shim-vs-baseline comparison.
 pub const ECHO_PY: &str = "def handle(event):\n    return event\n";
 

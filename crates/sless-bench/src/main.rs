@@ -6,6 +6,7 @@ mod code;
 mod cpu;
 mod error;
 mod events;
+mod golang;
 mod load;
 mod measure;
 mod procs;
@@ -75,6 +76,7 @@ enum Group {
     ColdNode,
     WarmNode,
     Metrics,
+    Go,
     Scale,
     QueueAmqp,
     QueueKafka,
@@ -86,7 +88,7 @@ enum Group {
 }
 
 impl Group {
-    const ALL: [Group; 16] = [
+    const ALL: [Group; 17] = [
         Group::Bare,
         Group::PythonShim,
         Group::Rss,
@@ -95,6 +97,7 @@ impl Group {
         Group::ColdNode,
         Group::WarmNode,
         Group::Metrics,
+        Group::Go,
         Group::Scale,
         Group::QueueAmqp,
         Group::QueueKafka,
@@ -125,6 +128,10 @@ impl Group {
             | "instance_cpu_us_per_req_direct"
             | "gateway_cpu_ratio"
             | "gateway_vs_plain_node" => Group::WarmNode,
+            "cold_ms_p50_go"
+            | "deploy_ms_p50_go"
+            | "warm_rps_gateway_go"
+            | "go_vs_node_gateway" => Group::Go,
             "python_shim_ratio" => Group::PythonShim,
             "gateway_cpu_us_metrics_on" | "gateway_cpu_us_metrics_off" | "metrics_cpu_ratio" => {
                 Group::Metrics
@@ -318,6 +325,11 @@ async fn measure_all(
                     figures,
                 )
                 .await?
+            }
+            Group::Go => {
+                let server = need(server)?;
+                measure::cold(server, ColdRuntime::Go, plan.cold_runs, figures).await?;
+                golang::go(server, &plan, figures).await?
             }
             Group::PythonShim => {
                 measure::python_shim(&opts.python, shim, scratch, &plan, figures).await?

@@ -17,7 +17,7 @@ use crate::stats::{Figures, percentile_ms};
 /// Every function lives in the default namespace, which a fresh server has.
 pub(crate) const NS: &str = "default";
 /// How often the deploy measurement polls the status: fine enough for millisecond figures.
-const DEPLOY_POLL: Duration = Duration::from_millis(2);
+pub(crate) const DEPLOY_POLL: Duration = Duration::from_millis(2);
 /// How often other waits poll the status.
 const POLL: Duration = Duration::from_millis(5);
 /// How long a deploy (build and, with `min_instances`, start) may take.
@@ -163,6 +163,7 @@ pub async fn deploy(server: &Server, runs: usize, figures: &mut Figures) -> Resu
 pub enum ColdRuntime {
     Python,
     Node,
+    Go,
 }
 
 /// `cold_ms_p50_python`/`cold_ms_p99_python` or `cold_ms_p50_node`: the first request to a
@@ -176,9 +177,11 @@ pub async fn cold(
     runs: usize,
     figures: &mut Figures,
 ) -> Result<()> {
+    let hello_go = code::hello_go(0);
     let (runtime_name, file, source) = match runtime {
         ColdRuntime::Python => ("python3", "handler.py", code::HELLO_PY),
         ColdRuntime::Node => ("nodejs", "handler.js", code::HELLO_NODE),
+        ColdRuntime::Go => ("go", "handler.go", hello_go.as_str()),
     };
     let subjects: &[(&str, Option<&str>)] = match runtime {
         ColdRuntime::Python => &[
@@ -186,6 +189,7 @@ pub async fn cold(
             ("bench-cold-py-hostnet", Some("host")),
         ],
         ColdRuntime::Node => &[("bench-cold-node", None)],
+        ColdRuntime::Go => &[("bench-cold-go", None)],
     };
     progress!("cold start {runtime_name}, {runs} runs");
     for (name, network) in subjects {
@@ -218,6 +222,7 @@ pub async fn cold(
             );
         }
         ColdRuntime::Node => figures.set("cold_ms_p50_node", percentile_ms(&samples[0], 50.0)),
+        ColdRuntime::Go => figures.set("cold_ms_p50_go", percentile_ms(&samples[0], 50.0)),
     }
     Ok(())
 }

@@ -138,6 +138,10 @@ pub const FIGURES: &[(&str, &str, Option<Target>)] = &[
             reference: Reference::Value(0.7),
         }),
     ),
+    ("cold_ms_p50_go", "ms", None),
+    ("deploy_ms_p50_go", "ms", None),
+    ("warm_rps_gateway_go", "req/s", None),
+    ("go_vs_node_gateway", "", None),
     (
         "python_shim_ratio",
         "",

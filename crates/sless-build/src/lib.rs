@@ -28,6 +28,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod golang;
 mod inputs;
 mod keys;
 mod scratch;
@@ -49,6 +50,7 @@ use sless_sandbox::{Mount, Network, ProcessSpec, Sandbox, SandboxError};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+pub use golang::BINARY as GO_BINARY;
 pub use keys::{BUILDER_FORMAT_VERSION, build_key};
 use step::{StepEnd, StepOutput};
 
@@ -84,6 +86,10 @@ pub struct BuildConfig {
     pub node: PathBuf,
     /// npm.
     pub npm: PathBuf,
+    /// The Go toolchain's `go` (Debian's `golang-go`).
+    pub go: PathBuf,
+    /// `<data>/go-cache`: the Go build cache every Go build shares (see `golang`).
+    pub go_cache: PathBuf,
     /// Builds running at once; more wait their turn.
     pub max_parallel: usize,
     /// The longest one build may take (installs and check together).
@@ -112,6 +118,8 @@ impl BuildConfig {
             python: PathBuf::from("/usr/bin/python3"),
             node: PathBuf::from("/usr/bin/node"),
             npm: PathBuf::from("/usr/bin/npm"),
+            go: PathBuf::from("/usr/bin/go"),
+            go_cache: data_dir.join("go-cache"),
             max_parallel: 2,
             timeout: Duration::from_secs(600),
             limits: ArchiveLimits::default(),
@@ -173,9 +181,6 @@ pub enum BuildError {
     /// The build ran longer than [`BuildConfig::timeout`] and was killed.
     #[error("the build did not finish within {} s", .0.as_secs())]
     TimedOut(Duration),
-    /// The runtime family cannot be built here (yet).
-    #[error("{0}")]
-    Unsupported(String),
     /// The archive is unsafe or unreadable (normally refused at upload already).
     #[error(transparent)]
     Archive(#[from] ArchiveError),
@@ -199,10 +204,7 @@ impl BuildError {
     pub fn is_users(&self) -> bool {
         matches!(
             self,
-            BuildError::Failed { .. }
-                | BuildError::TimedOut(_)
-                | BuildError::Unsupported(_)
-                | BuildError::Archive(_)
+            BuildError::Failed { .. } | BuildError::TimedOut(_) | BuildError::Archive(_)
         )
     }
 }
@@ -281,6 +283,13 @@ impl Builder {
         }
         std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o755))
             .map_err(io_err(format!("setting the mode of {}", empty.display())))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&cfg.go_cache)
+            .map_err(io_err(format!("creating {}", cfg.go_cache.display())))?;
+        // `go build` runs as the sandbox user and writes the cache.
+        sandbox.grant_write(&cfg.go_cache)?;
         let meta = std::fs::metadata(&cfg.builds_dir)
             .map_err(io_err(format!("reading {}", cfg.builds_dir.display())))?;
         let caps = sandbox.capabilities();
@@ -324,13 +333,6 @@ impl Builder {
 
     /// Builds `req`, or returns the finished build with the same key at once.
     pub async fn build(&self, req: BuildRequest) -> Result<BuildOutput, BuildError> {
-        if matches!(req.family, RuntimeFamily::Go | RuntimeFamily::Custom) {
-            sless_metrics::build(sless_metrics::BuildResult::Failed, None);
-            return Err(BuildError::Unsupported(format!(
-                "runtime {} is not supported yet",
-                req.family.as_str()
-            )));
-        }
         let key = build_key(
             &req.namespace,
             req.family,
@@ -462,7 +464,14 @@ impl Builder {
         let deps_key = match req.family {
             RuntimeFamily::Python3 => self.python_deps(key, req, code.path(), deadline).await?,
             RuntimeFamily::Nodejs => self.node_deps(key, req, code.path(), deadline).await?,
-            RuntimeFamily::Go | RuntimeFamily::Custom => None,
+            RuntimeFamily::Go => {
+                self.go_build(key, req, code.path(), deadline).await?;
+                None
+            }
+            RuntimeFamily::Custom => {
+                self.check_bootstrap(req, code.path())?;
+                None
+            }
         };
         // Held until this build is published or abandoned; with the renewal
         // done under the lock just before, no collection can take the deps.

@@ -59,17 +59,23 @@ impl TestEnv {
     fn with_runtime(timeout: Duration, runtime: Option<PathBuf>) -> TestEnv {
         let dir = tempfile::tempdir().unwrap();
         let stand_in = dir.path().join("runtime");
-        for shim in ["python", "node"] {
+        for shim in ["python", "node", "go"] {
             std::fs::create_dir_all(stand_in.join(shim)).unwrap();
         }
         std::fs::write(stand_in.join("python/sless_runtime.py"), PY_SHIM).unwrap();
         std::fs::write(stand_in.join("node/sless_runtime.js"), NODE_SHIM).unwrap();
+        std::fs::write(
+            stand_in.join("go/sless_main.go"),
+            include_str!("../../../runtimes/go/sless_main.go"),
+        )
+        .unwrap();
         // The sandbox user must be able to reach the shims through the mount.
         for d in [
             dir.path(),
             &stand_in,
             &stand_in.join("python"),
             &stand_in.join("node"),
+            &stand_in.join("go"),
         ] {
             std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
@@ -492,16 +498,16 @@ async fn concurrent_builds_of_one_key_build_once() {
 }
 
 #[tokio::test]
-async fn unsupported_unsafe_and_mismatched_requests_are_refused() {
+async fn unexecutable_unsafe_and_mismatched_requests_are_refused() {
     let env = TestEnv::new(Duration::from_secs(60));
     let lines = Lines::default();
-    let archive = zip_of(&[("main.go", b"package main\n")]);
-    let result = env
-        .builder
-        .build(request(RuntimeFamily::Go, archive.clone(), &lines))
-        .await;
+    let archive = zip_of(&[("handler.py", b"")]);
+    let not_executable = zip_of(&[("bootstrap", b"#!/bin/sh\n")]);
+    let mut req = request(RuntimeFamily::Custom, not_executable, &lines);
+    req.entrypoint = "bootstrap".into();
+    let result = env.builder.build(req).await;
     assert!(
-        matches!(&result, Err(BuildError::Unsupported(m)) if m == "runtime go is not supported yet"),
+        matches!(&result, Err(BuildError::Failed { message }) if message.starts_with("bootstrap: is not executable")),
         "{result:?}"
     );
 
@@ -751,4 +757,36 @@ fn installs_are_isolated_only_where_names_still_resolve() {
         install_network(false, "nameserver 192.0.2.1\n"),
         Network::Host
     );
+}
+
+#[tokio::test]
+async fn go_code_compiles_into_one_binary_and_compile_errors_fail_with_the_compilers_message() {
+    let env = TestEnv::new(Duration::from_secs(120));
+    let lines = Lines::default();
+    let hello = zip_of(&[(
+        "handler.go",
+        b"package main\n\nfunc Handle(event map[string]any) (any, error) { return \"hi\", nil }\n",
+    )]);
+    let mut req = request(RuntimeFamily::Go, hello, &lines);
+    req.entrypoint = "Handle".into();
+    let out = env.builder.build(req).await.unwrap();
+    let binary = out.code_dir.join(crate::GO_BINARY);
+    let mode = std::fs::metadata(&binary).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o755, "{}", binary.display());
+    assert!(out.code_dir.join("go.mod").is_file(), "a go.mod is written");
+    assert!(lines.any("no go.mod"), "{:?}", lines.all());
+
+    let broken = zip_of(&[(
+        "handler.go",
+        b"package main\n\nfunc Handle(event map[string]any) (any, error) { return nope, nil }\n",
+    )]);
+    let mut req = request(RuntimeFamily::Go, broken, &lines);
+    req.entrypoint = "Handle".into();
+    let message = failed_message(env.builder.build(req).await);
+    assert!(message.starts_with("go build failed"), "{message}");
+    assert!(
+        message.contains("handler.go:3:57: undefined: nope"),
+        "{message}"
+    );
+    assert_eq!(env.temps(), Vec::<String>::new());
 }

@@ -591,10 +591,7 @@ impl Controller {
         let output = match self.builder.build(request).await {
             Ok(output) => output,
             Err(
-                e @ (BuildError::Failed { .. }
-                | BuildError::TimedOut(_)
-                | BuildError::Unsupported(_)
-                | BuildError::Archive(_)),
+                e @ (BuildError::Failed { .. } | BuildError::TimedOut(_) | BuildError::Archive(_)),
             ) => {
                 sink.line("sless", &format!("revision {revision} failed to build"));
                 return Err(ReconcileError::BuildFailed(match e {

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{EnvValue, Runtime, RuntimeFamily, ValidationError};
+use crate::{EnvValue, Runtime, ValidationError};
 
 /// What a user asks for: either `function`, or `runtime` (+ code uploaded later).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -101,12 +101,6 @@ impl JobSpec {
                 }))
                 .map_err(|e| ValidationError::new("body", e.to_string()))?;
                 let runtime = as_fn.validate()?;
-                if matches!(runtime.family, RuntimeFamily::Go | RuntimeFamily::Custom) {
-                    return Err(ValidationError::new(
-                        "runtime",
-                        format!("{:?} is not supported by this server yet", runtime.name),
-                    ));
-                }
                 self.entrypoint = Some(as_fn.entrypoint);
                 Ok(Some(runtime))
             }

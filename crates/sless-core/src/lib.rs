@@ -26,7 +26,7 @@ pub use function::{FunctionSpec, FunctionStatus, InstanceCounts, NetworkMode, Ph
 pub use job::{JobPhase, JobSpec, JobStatus};
 pub use name::validate_name;
 pub use quota::{Quota, QuotaExceeded, QuotaKind, QuotaOverrides};
-pub use runtime::{Runtime, RuntimeFamily};
+pub use runtime::{GO_BINARY, Runtime, RuntimeFamily};
 pub use secret::{EnvValue, SecretRef};
 pub use trigger::{
     ConnectionState, DeliveryCounters, MissedRuns, TriggerFields, TriggerKind, TriggerResult,

@@ -5,6 +5,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::ValidationError;
 
+/// Where a Go build puts the compiled function, relative to its code directory
+/// (`/code` in the sandbox): the builder writes it, instances run it.
+pub const GO_BINARY: &str = ".sless-handler";
+
 /// The language family a runtime name belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RuntimeFamily {
@@ -38,6 +42,7 @@ impl RuntimeFamily {
     pub fn default_entrypoint(self) -> &'static str {
         match self {
             RuntimeFamily::Go => "Handle",
+            RuntimeFamily::Custom => "bootstrap",
             _ => "handler.handle",
         }
     }

@@ -139,6 +139,11 @@ pub(crate) enum StartError {
     /// It did not say it was ready within the start timeout.
     #[error("instance did not become ready within {seconds} s{output}")]
     NotReady { seconds: u64, output: StderrTail },
+    /// A custom runtime's bootstrap did not listen on its socket within the start timeout.
+    #[error(
+        "bootstrap did not become ready within {seconds} s: it must listen on the Unix socket $SLESS_SOCKET and answer GET /_sless/ready{output}"
+    )]
+    BootstrapNotReady { seconds: u64, output: StderrTail },
     /// Its readiness pipe was missing, failed or carried something else than `ready`.
     #[error("instance {why}{output}")]
     ReadyPipe {
@@ -169,6 +174,9 @@ pub(crate) enum ReadyPipeError {
     /// Something else than `ready` arrived.
     #[error("wrote garbage to its readiness pipe")]
     Garbage,
+    /// A custom runtime put something else than a Unix socket at `SLESS_SOCKET`.
+    #[error("put something else than a listening Unix socket at $SLESS_SOCKET")]
+    NotASocket,
 }
 
 /// Why `GET /_sless/ready` (or `/_sless/load`) did not succeed.
@@ -208,10 +216,12 @@ impl SandboxInstance {
     ) -> Result<Arc<SandboxInstance>, StartError> {
         let run_dir = cfg.run_dir.join(&id);
         let sock_dir = run_dir.join("sock");
-        prepare_run_dir(&run_dir, &sock_dir, None).map_err(|source| StartError::Prepare {
-            dir: run_dir.clone(),
-            source,
-        })?;
+        prepare_run_dir(&run_dir, &sock_dir, None, d.family == RuntimeFamily::Custom).map_err(
+            |source| StartError::Prepare {
+                dir: run_dir.clone(),
+                source,
+            },
+        )?;
         let secrets = SecretsDir::prepare(cfg, sandbox, &id).map_err(|source| {
             let _ = std::fs::remove_dir_all(&run_dir);
             StartError::Prepare {
@@ -239,6 +249,7 @@ impl SandboxInstance {
         let mut spec = process_spec(
             cfg,
             (d.family, d.network),
+            &d.entrypoint,
             &id,
             &sock_dir,
             &d.code_dir,
@@ -275,7 +286,7 @@ impl SandboxInstance {
         let run_dir = cfg.run_dir.join(&id);
         let sock_dir = run_dir.join("sock");
         let slot = (run_dir.join("code"), run_dir.join("deps"));
-        prepare_run_dir(&run_dir, &sock_dir, Some(&slot)).map_err(|source| {
+        prepare_run_dir(&run_dir, &sock_dir, Some(&slot), false).map_err(|source| {
             StartError::Prepare {
                 dir: run_dir.clone(),
                 source,
@@ -291,6 +302,7 @@ impl SandboxInstance {
         let spec = process_spec(
             cfg,
             (family, network),
+            "",
             &id,
             &sock_dir,
             &slot.0,
@@ -694,8 +706,17 @@ async fn launch(
         Pipe(ReadyPipeError),
         TimedOut,
     }
+    let custom = family == RuntimeFamily::Custom;
+    let sock_dir = run_dir.join("sock");
+    let ready_signal = async {
+        if custom {
+            wait_bootstrap(&sock_dir).await
+        } else {
+            wait_ready_line(ready).await
+        }
+    };
     let signalled = tokio::select! {
-        r = wait_ready_line(ready) => match r {
+        r = ready_signal => match r {
             Ok(()) => Ok(()),
             Err(ReadyPipeError::Closed) => Err(NotReady::Exited),
             Err(e) => Err(NotReady::Pipe(e)),
@@ -728,6 +749,10 @@ async fn launch(
         return Err(match why {
             NotReady::Exited => StartError::Exited { exit, output },
             NotReady::Pipe(why) => StartError::ReadyPipe { why, output },
+            NotReady::TimedOut if custom => StartError::BootstrapNotReady {
+                seconds: start_timeout.as_secs(),
+                output,
+            },
             NotReady::TimedOut => StartError::NotReady {
                 seconds: start_timeout.as_secs(),
                 output,
@@ -827,6 +852,7 @@ fn prepare_run_dir(
     run_dir: &std::path::Path,
     sock_dir: &std::path::Path,
     slot: Option<&(PathBuf, PathBuf)>,
+    custom: bool,
 ) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(sock_dir)?;
@@ -838,8 +864,11 @@ fn prepare_run_dir(
         }
     }
     // The server's alone: the sandbox creates the listening socket here and hands the
-    // shim its descriptor, so no function can write to the host's disk through it.
-    std::fs::set_permissions(sock_dir, std::fs::Permissions::from_mode(0o700))
+    // shim its descriptor, so no function can write to the host's disk through it. A
+    // custom runtime binds its own socket here: others may add entries (not list them)
+    // until `wait_bootstrap` closes it again.
+    let mode = if custom { 0o733 } else { 0o700 };
+    std::fs::set_permissions(sock_dir, std::fs::Permissions::from_mode(mode))
 }
 
 /// An instance's `/run/secrets` on the host: `<secrets_dir>/<instance>`, 0700 and owned
@@ -941,35 +970,58 @@ fn function_env(d: &Deployment) -> Vec<(String, String)> {
 
 /// The sandbox spec of an instance of `family` with `network` whose code is at `code` (and
 /// dependencies at `deps`); the function-specific environment is added by the caller.
+#[allow(clippy::too_many_arguments)]
 fn process_spec(
     cfg: &ExecutorConfig,
     (family, network): (RuntimeFamily, NetworkMode),
+    entrypoint: &str,
     id: &str,
     sock_dir: &std::path::Path,
     code: &std::path::Path,
     deps: Option<&std::path::Path>,
     memory_mb: u32,
 ) -> ProcessSpec {
-    let (program, shim) = match family {
-        RuntimeFamily::Nodejs => (cfg.node.clone(), "/runtime/node/sless_runtime.js"),
-        _ => (cfg.python.clone(), "/runtime/python/sless_runtime.py"),
+    // A Go function is its own binary (the shim compiled in); a custom runtime is the
+    // archive's executable, which binds `SLESS_SOCKET` itself (see `wait_bootstrap`).
+    let (program, args) = match family {
+        RuntimeFamily::Nodejs => (
+            cfg.node.clone(),
+            vec!["/runtime/node/sless_runtime.js".to_string()],
+        ),
+        RuntimeFamily::Python3 => (
+            cfg.python.clone(),
+            vec!["/runtime/python/sless_runtime.py".to_string()],
+        ),
+        RuntimeFamily::Go => (
+            std::path::Path::new("/code").join(sless_core::GO_BINARY),
+            Vec::new(),
+        ),
+        RuntimeFamily::Custom => (std::path::Path::new("/code").join(entrypoint), Vec::new()),
     };
-    let env = [
+    let custom = family == RuntimeFamily::Custom;
+    let mut env: Vec<(String, String)> = [
         ("PATH", "/usr/local/bin:/usr/bin:/bin"),
         ("HOME", "/tmp"),
         ("LANG", "C.UTF-8"),
         ("PYTHONUNBUFFERED", "1"),
         ("PYTHONDONTWRITEBYTECODE", "1"),
         ("NODE_PATH", "/deps/node_modules"),
-        ("SLESS_READY_FD", "3"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
-    .chain([(
-        "SLESS_LISTEN_FD".to_string(),
-        sless_sandbox::LISTEN_FD.to_string(),
-    )])
     .collect();
+    if custom {
+        env.push((
+            "SLESS_SOCKET".into(),
+            format!("{CUSTOM_SOCKET_DIR}/fn.sock"),
+        ));
+    } else {
+        env.push(("SLESS_READY_FD".into(), "3".into()));
+        env.push((
+            "SLESS_LISTEN_FD".into(),
+            sless_sandbox::LISTEN_FD.to_string(),
+        ));
+    }
     let mut mounts = vec![
         Mount {
             source: code.to_path_buf(),
@@ -996,10 +1048,17 @@ fn process_spec(
             writable: false,
         });
     }
+    if custom {
+        mounts.push(Mount {
+            source: sock_dir.to_path_buf(),
+            target: CUSTOM_SOCKET_DIR.into(),
+            writable: true,
+        });
+    }
     ProcessSpec {
         id: id.to_string(),
         program,
-        args: vec![shim.to_string()],
+        args,
         env,
         mounts,
         cwd: "/code".into(),
@@ -1010,8 +1069,42 @@ fn process_spec(
             NetworkMode::None => Network::None,
             NetworkMode::Host => Network::Host,
         },
-        ready_pipe: true,
-        listen: Some(sock_dir.join("fn.sock")),
+        ready_pipe: !custom,
+        listen: (!custom).then(|| sock_dir.join("fn.sock")),
+    }
+}
+
+/// Where a custom runtime's socket directory is mounted (`SLESS_SOCKET` is `fn.sock` in it).
+const CUSTOM_SOCKET_DIR: &str = "/run/sless";
+
+/// Waits until a custom runtime's bootstrap listens on its socket. It binds the socket
+/// itself, in a directory the sandbox user may write to; once a socket is there the
+/// directory is closed to it (0700, the server's), so nothing can put a link to some
+/// other socket in its place, and only then does the server connect.
+async fn wait_bootstrap(sock_dir: &std::path::Path) -> Result<(), ReadyPipeError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let sock = sock_dir.join("fn.sock");
+    let mut closed = false;
+    let mut delay = Duration::from_millis(1);
+    loop {
+        let is_socket = std::fs::symlink_metadata(&sock).is_ok_and(|m| m.file_type().is_socket());
+        if is_socket && !closed {
+            std::fs::set_permissions(sock_dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(ReadyPipeError::Io)?;
+            closed = true;
+            // Looked at again below, now that it can no longer change.
+            continue;
+        }
+        if closed {
+            if !is_socket {
+                return Err(ReadyPipeError::NotASocket);
+            }
+            if UnixStream::connect(&sock).await.is_ok() {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(20));
     }
 }
 

@@ -72,6 +72,11 @@ impl<L: Launcher> WarmPool<L> {
 
     /// A live generic instance of `family` with `network`, if one is ready.
     pub fn take(&self, family: RuntimeFamily, network: NetworkMode) -> Option<Arc<L::Instance>> {
+        // A Go function is its own binary and a custom runtime its own executable: no
+        // generic process can become one (see ARCHITECTURE.md, "Warm pool").
+        if matches!(family, RuntimeFamily::Go | RuntimeFamily::Custom) {
+            return None;
+        }
         let kind = (family, network);
         let taken = {
             let mut st = self.lock();

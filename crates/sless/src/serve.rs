@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 const PYTHON_SHIM: &str = include_str!("../../../runtimes/python/sless_runtime.py");
 const NODE_SHIM: &str = include_str!("../../../runtimes/node/sless_runtime.js");
+const GO_SHIM: &str = include_str!("../../../runtimes/go/sless_main.go");
 const MIB: u64 = 1024 * 1024;
 
 /// Run the server: the REST API under /v1, functions under /fn.
@@ -80,6 +81,12 @@ pub struct ServeArgs {
     /// npm binary used to install Node dependencies.
     #[arg(long, env = "SLESS_NPM", default_value = "/usr/bin/npm")]
     pub npm: PathBuf,
+    /// Go toolchain Go functions are built with.
+    #[arg(long, env = "SLESS_GO", default_value = "/usr/bin/go")]
+    pub go: PathBuf,
+    /// Go build cache shared by every Go build [default: <data-dir>/go-cache].
+    #[arg(long, env = "SLESS_GO_CACHE", value_name = "DIR")]
+    pub go_cache: Option<PathBuf>,
     /// Largest request body a function accepts, in MiB.
     #[arg(long, env = "SLESS_MAX_BODY_MB", default_value_t = 6)]
     pub max_body_mb: u64,
@@ -669,6 +676,12 @@ async fn build(args: ServeArgs) -> Result<Server> {
                 python: args.python.clone(),
                 node: args.node.clone(),
                 npm: args.npm.clone(),
+                go: args.go.clone(),
+                // Shared by every Go build, so a code-only change compiles in about a second.
+                go_cache: args
+                    .go_cache
+                    .clone()
+                    .unwrap_or_else(|| data_dir.join("go-cache")),
                 max_parallel: args.builds.max(1),
                 timeout: Duration::from_secs(args.build_timeout_sec),
                 limits,
@@ -1324,6 +1337,7 @@ fn write_shims(dir: &Path) -> Result<PathBuf> {
     for (sub, file, text) in [
         ("python", "sless_runtime.py", PYTHON_SHIM),
         ("node", "sless_runtime.js", NODE_SHIM),
+        ("go", "sless_main.go", GO_SHIM),
     ] {
         let d = dir.join(sub);
         std::fs::create_dir_all(&d)?;

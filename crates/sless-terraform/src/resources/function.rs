@@ -497,9 +497,7 @@ impl SlessResource for FunctionResource {
         if matches!(get(config, "entrypoint"), ValueAny::Null) {
             let v = match get(planned, "runtime") {
                 ValueAny::String(r) if r.starts_with("go") => string("Handle"),
-                ValueAny::String(r) if r.starts_with("custom") => {
-                    get(prior.unwrap_or(&Obj::new()), "entrypoint").clone()
-                }
+                ValueAny::String(r) if r.starts_with("custom") => string("bootstrap"),
                 ValueAny::String(_) => string("handler.handle"),
                 _ => ValueAny::Unknown,
             };

@@ -27,7 +27,7 @@ use super::archive::{self, SETTINGS_FILE};
 /// On an existing function only the settings you give are changed (env keys are merged).
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:
-  sless deploy ./hello                         # name 'hello', runtime from handler.py / handler.js / go.mod
+  sless deploy ./hello                         # name 'hello', runtime from handler.py / handler.js / handler.go / bootstrap
   sless deploy . --name api --runtime nodejs20 --env LOG_LEVEL=debug --env REGION=eu
   sless deploy ./svc --min-instances 1 --memory 256 --timeout 60
   URL=$(sless deploy ./hello) && curl \"$URL\"")]
@@ -40,7 +40,7 @@ pub struct DeployArgs {
     #[arg(long)]
     pub name: Option<String>,
 
-    /// Runtime, e.g. python3, python3.11, nodejs, nodejs20, go; detected from the files when omitted.
+    /// Runtime, e.g. python3, python3.11, nodejs, nodejs20, go, custom; detected from the files when omitted.
     #[arg(long)]
     pub runtime: Option<String>,
 
@@ -121,7 +121,7 @@ pub fn parse_env(s: &str) -> Result<(String, String), String> {
 }
 
 /// Guesses the runtime family from the files in `dir`. The handler module (from `entrypoint`,
-/// default `handler`) and `go.mod` are strong signals; dependency manifests decide only when
+/// default `handler`), `handler.go` and a custom runtime's `bootstrap` are strong signals; dependency manifests decide only when
 /// there is no strong one. Two families at the same strength are an error, not a guess.
 pub fn detect_runtime(dir: &Path, entrypoint: Option<&str>) -> anyhow::Result<&'static str> {
     let module = entrypoint
@@ -141,14 +141,21 @@ pub fn detect_runtime(dir: &Path, entrypoint: Option<&str>) -> anyhow::Result<&'
     {
         strong.push(("nodejs", js));
     }
-    if exists("go.mod") {
-        strong.push(("go", "go.mod".to_string()));
+    if exists("handler.go") {
+        strong.push(("go", "handler.go".to_string()));
     }
-    let weak: Vec<(&str, String)> = [("python3", "requirements.txt"), ("nodejs", "package.json")]
-        .into_iter()
-        .filter(|(_, f)| exists(f))
-        .map(|(r, f)| (r, f.to_string()))
-        .collect();
+    if exists("bootstrap") {
+        strong.push(("custom", "bootstrap".to_string()));
+    }
+    let weak: Vec<(&str, String)> = [
+        ("python3", "requirements.txt"),
+        ("nodejs", "package.json"),
+        ("go", "go.mod"),
+    ]
+    .into_iter()
+    .filter(|(_, f)| exists(f))
+    .map(|(r, f)| (r, f.to_string()))
+    .collect();
     for found in [strong, weak] {
         match found.as_slice() {
             [] => continue,
@@ -164,7 +171,7 @@ pub fn detect_runtime(dir: &Path, entrypoint: Option<&str>) -> anyhow::Result<&'
         }
     }
     bail!(
-        "cannot tell the runtime of {}: no {python_module}, {module}.js, go.mod, requirements.txt or package.json; \
+        "cannot tell the runtime of {}: no {python_module}, {module}.js, handler.go, bootstrap, go.mod, requirements.txt or package.json; \
          pass --runtime (python3, nodejs, go or custom)",
         dir.display()
     )
@@ -584,6 +591,10 @@ mod tests {
             (&["handler.js"], "nodejs"),
             (&["package.json"], "nodejs"),
             (&["go.mod", "main.go"], "go"),
+            (&["handler.go"], "go"),
+            (&["handler.go", "go.mod"], "go"),
+            (&["bootstrap"], "custom"),
+            (&["bootstrap", "requirements.txt"], "custom"),
             // The handler file beats another family's manifest.
             (&["handler.py", "package.json"], "python3"),
         ];

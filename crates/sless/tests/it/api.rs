@@ -78,7 +78,11 @@ async fn validation_errors_are_400_naming_the_field() {
             json!({"name": "a", "runtime": "python3", "memory_mb": "lots"}),
             "memory_mb",
         ),
-        (json!({"name": "a", "runtime": "go"}), "runtime"),
+        (json!({"name": "a", "runtime": "ruby"}), "runtime"),
+        (
+            json!({"name": "a", "runtime": "go", "entrypoint": "handler.handle"}),
+            "entrypoint",
+        ),
     ];
     for (body, field) in cases {
         let (status, err) = raw(

@@ -42,6 +42,7 @@ mod queue_nats;
 mod queue_scenarios;
 mod quotas;
 mod records;
+mod runtimes_go;
 mod sandbox;
 mod scaling;
 mod secrets;

@@ -1,0 +1,3 @@
+module sless.dev/runtime/go
+
+go 1.19
