@@ -92,8 +92,11 @@ pub async fn measure(
         extra_env: &[],
     })
     .await?;
+    let postmaster = pg
+        .pid()
+        .ok_or_else(|| BenchError::Setup("PostgreSQL wrote no postmaster.pid".into()))?;
     let outcome = async {
-        gateway(sqlite, &other, plan, figures).await?;
+        gateway(sqlite, &other, postmaster, plan, figures).await?;
         deploy(sqlite, &other, plan, figures).await
     }
     .await;
@@ -101,8 +104,15 @@ pub async fn measure(
     outcome.and(stopped)
 }
 
-/// `gateway_ratio_pg` and both servers' CPU per request.
-async fn gateway(sqlite: &Server, pg: &Server, plan: &Plan, figures: &mut Figures) -> Result<()> {
+/// `gateway_ratio_pg`, both servers' CPU per request, and PostgreSQL's own (writing
+/// the invocation records) on the same cores.
+async fn gateway(
+    sqlite: &Server,
+    pg: &Server,
+    postmaster: u32,
+    plan: &Plan,
+    figures: &mut Figures,
+) -> Result<()> {
     progress!(
         "gateway on SQLite vs PostgreSQL, {} connections, {} alternating rounds of {:?}",
         plan.load.connections,
@@ -127,6 +137,10 @@ async fn gateway(sqlite: &Server, pg: &Server, plan: &Plan, figures: &mut Figure
             }],
         });
     }
+    targets[1].cpu.push(Meter {
+        name: "postgres",
+        source: cpu::CpuSource::with_children(postmaster)?,
+    });
     let comparison = compare_checked(&targets, plan).await;
     for server in [sqlite, pg] {
         remove(server, name).await?;
@@ -138,15 +152,19 @@ async fn gateway(sqlite: &Server, pg: &Server, plan: &Plan, figures: &mut Figure
         ratio(totals[1].rps(), totals[0].rps()),
         &comparison.per_round(|r| ratio(r[1].rps(), r[0].rps())),
     );
-    for (key, index) in [
-        ("server_cpu_us_per_req_sqlite", 0),
-        ("server_cpu_us_per_req_pg", 1),
+    for (key, index, meter) in [
+        ("server_cpu_us_per_req_sqlite", 0, 0),
+        ("server_cpu_us_per_req_pg", 1, 0),
+        ("postgres_cpu_us_per_req", 1, 1),
     ] {
-        if let Some(whole) = totals[index].cpu_us_per_req(0) {
-            let rounds = comparison.per_round(|r| r[index].cpu_us_per_req(0).unwrap_or(f64::NAN));
+        if let Some(whole) = totals[index].cpu_us_per_req(meter) {
+            let rounds =
+                comparison.per_round(|r| r[index].cpu_us_per_req(meter).unwrap_or(f64::NAN));
             figures.set_with_rounds(key, whole, &rounds);
         }
     }
+    figures.set("warm_p50_ms_gateway_sqlite", totals[0].latency_ms(50.0));
+    figures.set("warm_p50_ms_gateway_pg", totals[1].latency_ms(50.0));
     Ok(())
 }
 

@@ -24,6 +24,9 @@ pub enum CpuSource {
     /// A cgroup's CPU accounting: every process and thread that ran in it, exited ones
     /// included, in nanoseconds (v1 `cpuacct.usage`) or microseconds (v2 `cpu.stat`).
     Cgroup { file: PathBuf, format: CgroupFormat },
+    /// A process and its children alive at each reading (a PostgreSQL postmaster and
+    /// its connections' backends), as [`CpuSource::Process`] each.
+    Children { pid: u32, tick_ns: u64 },
 }
 
 /// A CPU counter with a name for messages, e.g. `server`.
@@ -51,9 +54,32 @@ impl CpuSource {
         })
     }
 
+    /// The process `pid` and its children.
+    pub fn with_children(pid: u32) -> Result<CpuSource> {
+        Ok(CpuSource::Children {
+            pid,
+            tick_ns: tick_ns()?,
+        })
+    }
+
     /// CPU time used so far, in nanoseconds.
     pub fn read_ns(&self) -> Result<u64> {
         match self {
+            CpuSource::Children { pid, tick_ns } => {
+                let mut ticks = 0;
+                let entries = std::fs::read_dir("/proc").map_err(io("read /proc"))?;
+                for entry in entries.flatten() {
+                    let Ok(text) = std::fs::read_to_string(entry.path().join("stat")) else {
+                        continue;
+                    };
+                    if let Some(stat) = parse_stat(&text)
+                        && (stat.pid == *pid || stat.ppid == *pid)
+                    {
+                        ticks += stat.utime + stat.stime;
+                    }
+                }
+                Ok(ticks.saturating_mul(*tick_ns))
+            }
             CpuSource::Process { pid, tick_ns } => {
                 let path = format!("/proc/{pid}/stat");
                 let text = std::fs::read_to_string(&path).map_err(io(format!("read {path}")))?;

@@ -148,6 +148,9 @@ impl Group {
             "gateway_ratio_pg"
             | "server_cpu_us_per_req_sqlite"
             | "server_cpu_us_per_req_pg"
+            | "postgres_cpu_us_per_req"
+            | "warm_p50_ms_gateway_sqlite"
+            | "warm_p50_ms_gateway_pg"
             | "deploy_ratio_pg_s3"
             | "record_write_ms_per_1000_sqlite"
             | "record_write_ms_per_1000_pg" => Group::Backends,

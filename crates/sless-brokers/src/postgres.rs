@@ -74,6 +74,12 @@ impl Postgres {
         self.port
     }
 
+    /// The postmaster's pid (its connections' backends are its children), while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        let text = std::fs::read_to_string(self.data().join("postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
+    }
+
     /// `postgres://sless@127.0.0.1:PORT/database`.
     pub fn url(&self, database: &str) -> String {
         format!("postgres://{USER}@127.0.0.1:{}/{database}", self.port)
