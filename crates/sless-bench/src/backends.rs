@@ -4,6 +4,8 @@
 //!   one on SQLite and the local directory (the same Node hello, alternating rounds), with each server's CPU per
 //!   request (`server_cpu_us_per_req_sqlite`, `_pg`). The invoke path never waits on
 //!   the store, so the ratio should be about 1.
+//! - `gateway_ratio_pg_no_records`: the same with invocation records off on both
+//!   servers, so no backend does any work per request.
 //! - `deploy_ratio_pg_s3`: deploy p50 (upload → `Ready`) on PostgreSQL and S3 (moto on
 //!   loopback) over SQLite and the local directory, deploys interleaved.
 //! - `record_write_ms_per_1000_sqlite`, `_pg`: the store's cost of writing 1,000
@@ -82,39 +84,74 @@ pub async fn measure(
     ]
     .map(str::to_owned)
     .into();
-    let mut other = Server::start(&ServerConfig {
-        binary: programs.sless,
-        python: programs.python,
-        node: programs.node,
-        scratch: &dir,
-        mqtt_listen: None,
-        extra_args: &args,
-        extra_env: &[],
-    })
-    .await?;
+    let start = |dir: std::path::PathBuf, args: Vec<String>| async move {
+        std::fs::create_dir_all(&dir).map_err(io("create a scratch directory"))?;
+        Server::start(&ServerConfig {
+            binary: programs.sless,
+            python: programs.python,
+            node: programs.node,
+            scratch: &dir,
+            mqtt_listen: None,
+            extra_args: &args,
+            extra_env: &[],
+        })
+        .await
+    };
+    let mut other = start(dir, args.clone()).await?;
     let postmaster = pg
         .pid()
         .ok_or_else(|| BenchError::Setup("PostgreSQL wrote no postmaster.pid".into()))?;
     let outcome = async {
-        gateway(sqlite, &other, postmaster, plan, figures).await?;
+        gateway(sqlite, &other, Some(postmaster), plan, figures).await?;
         deploy(sqlite, &other, plan, figures).await
     }
     .await;
     let stopped = other.stop().await;
+    outcome.and(stopped)?;
+
+    // The same comparison with invocation records off on both: what is left is the
+    // invoke path itself, which never touches the store.
+    let no_records = "--no-invocation-records".to_string();
+    let mut plain = start(
+        scratch.join("backend-sqlite-norec"),
+        vec![no_records.clone()],
+    )
+    .await?;
+    let mut pg_args = args;
+    pg_args[1] = database(&pg)?;
+    pg_args[3] = "s3://sless-bench/norec".into();
+    pg_args.push(no_records);
+    let mut other = match start(scratch.join("backend-pg-norec"), pg_args).await {
+        Ok(server) => server,
+        Err(e) => {
+            let _ = plain.stop().await;
+            return Err(e);
+        }
+    };
+    let outcome = gateway(&plain, &other, None, plan, figures).await;
+    let stopped = plain.stop().await.and(other.stop().await);
     outcome.and(stopped)
 }
 
 /// `gateway_ratio_pg`, both servers' CPU per request, and PostgreSQL's own (writing
 /// the invocation records) on the same cores.
+///
+/// Without `postmaster`, the servers record no invocations: only
+/// `gateway_ratio_pg_no_records` is set.
 async fn gateway(
     sqlite: &Server,
     pg: &Server,
-    postmaster: u32,
+    postmaster: Option<u32>,
     plan: &Plan,
     figures: &mut Figures,
 ) -> Result<()> {
     progress!(
-        "gateway on SQLite vs PostgreSQL, {} connections, {} alternating rounds of {:?}",
+        "gateway on SQLite vs PostgreSQL{}, {} connections, {} alternating rounds of {:?}",
+        if postmaster.is_none() {
+            " (no invocation records)"
+        } else {
+            ""
+        },
         plan.load.connections,
         plan.rounds,
         plan.load.duration
@@ -137,16 +174,26 @@ async fn gateway(
             }],
         });
     }
-    targets[1].cpu.push(Meter {
-        name: "postgres",
-        source: cpu::CpuSource::with_children(postmaster)?,
-    });
+    if let Some(postmaster) = postmaster {
+        targets[1].cpu.push(Meter {
+            name: "postgres",
+            source: cpu::CpuSource::with_children(postmaster)?,
+        });
+    }
     let comparison = compare_checked(&targets, plan).await;
     for server in [sqlite, pg] {
         remove(server, name).await?;
     }
     let comparison = comparison?;
     let totals = &comparison.totals;
+    if postmaster.is_none() {
+        figures.set_with_rounds(
+            "gateway_ratio_pg_no_records",
+            ratio(totals[1].rps(), totals[0].rps()),
+            &comparison.per_round(|r| ratio(r[1].rps(), r[0].rps())),
+        );
+        return Ok(());
+    }
     figures.set_with_rounds(
         "gateway_ratio_pg",
         ratio(totals[1].rps(), totals[0].rps()),

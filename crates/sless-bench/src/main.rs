@@ -146,6 +146,7 @@ impl Group {
                 Group::Telemetry
             }
             "gateway_ratio_pg"
+            | "gateway_ratio_pg_no_records"
             | "server_cpu_us_per_req_sqlite"
             | "server_cpu_us_per_req_pg"
             | "postgres_cpu_us_per_req"

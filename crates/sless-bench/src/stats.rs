@@ -221,8 +221,9 @@ pub const FIGURES: &[(&str, &str, Option<Target>)] = &[
             reference: Reference::Value(40.0),
         }),
     ),
+    ("gateway_ratio_pg", "", None),
     (
-        "gateway_ratio_pg",
+        "gateway_ratio_pg_no_records",
         "",
         Some(Target {
             bound: Bound::AtLeast,
