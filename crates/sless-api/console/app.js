@@ -222,7 +222,14 @@ function stopPage() {
   return S.page.signal;
 }
 
+// Renders a page unless the user has moved on: a page still loading when the route
+// changed must not replace the newer one when its data arrives.
+function renderFor(signal, ...nodes) {
+  if (!signal.aborted) render(...nodes);
+}
+
 function every(ms, fn, signal) {
+  if (signal.aborted) return;
   const id = setInterval(() => { if (!signal.aborted) fn(); }, ms);
   signal.addEventListener("abort", () => clearInterval(id));
 }
@@ -238,11 +245,11 @@ function setNamespace(ns) {
   }
 }
 
-async function pageNamespaces() {
+async function pageNamespaces(signal) {
   setNamespace(null);
   const list = await api("GET", "/v1/namespaces");
   const items = list.items || [];
-  render(el("h1", { text: "Namespaces" }),
+  renderFor(signal, el("h1", { text: "Namespaces" }),
     items.length ? table(["Namespace", "Created", ""], items.map((n) =>
       el("tr", {}, el("td", {}, el("a", { href: `#/ns/${n.name}`, text: n.name })),
         el("td", { text: ago(n.created_at) }),
@@ -272,7 +279,7 @@ async function pageFunctions(ns, signal) {
       el("td", {}, f.status.url ? el("a", { href: f.status.url, text: f.status.url, target: "_blank", rel: "noopener" }) : "—"),
       el("td", { text: last ? `${ago(last.started_at)} · ${last.status}` : "never" }));
   });
-  render(el("h1", {}, `Functions in ${ns}`),
+  renderFor(signal, el("h1", {}, `Functions in ${ns}`),
     items.length ? table(["Name", "Phase", "Runtime", "Revision", "Instances", "URL", "Last invocation"], rows)
       : emptyState("No functions here yet.", "Deploy one below, or with `sless deploy ./my-fn`."),
     newFunctionForm(ns));
@@ -280,7 +287,7 @@ async function pageFunctions(ns, signal) {
 
 function newFunctionForm(ns) {
   const name = el("input", { id: "new-name", name: "name", required: true, pattern: "[a-z0-9]([a-z0-9\\-]*[a-z0-9])?", maxlength: 63 });
-  const runtime = el("select", { id: "new-runtime", name: "runtime" }, ["python3", "nodejs"].map((r) => el("option", { value: r, text: r })));
+  const runtime = el("select", { id: "new-runtime", name: "runtime" }, ["python3", "nodejs", "go", "custom"].map((r) => el("option", { value: r, text: r })));
   const file = el("input", { id: "new-zip", name: "code", type: "file", accept: ".zip,application/zip", required: true });
   const err = el("p", { class: "error", role: "alert" });
   return el("form", { class: "card", id: "new-function", onsubmit: async (e) => {
@@ -357,7 +364,7 @@ async function pageFunction(ns, name, signal) {
 
   let filters = {};
   const reloadInvocations = (given) => { if (given) filters = given; return loadInvocations(filters); };
-  render(el("h1", {}, el("a", { href: `#/ns/${ns}`, text: ns }), " / ", name),
+  renderFor(signal, el("h1", {}, el("a", { href: `#/ns/${ns}`, text: ns }), " / ", name),
     statusBox,
     el("div", { class: "grid2" }, uploadPanel(ns, name, refresh), invokePanel(ns, name, f, () => reloadInvocations())),
     el("section", { class: "card" }, el("h2", { text: "Live logs" }), logs),
@@ -523,7 +530,7 @@ async function pageTriggers(ns, signal) {
         el("td", { text: c ? `${c.received} in, ${c.succeeded} ok, ${c.retried} retried, ${c.dead_lettered} dead` : "—" }));
     })) : emptyState("No triggers here yet.", "Create one with `sless trigger create`."));
   };
-  render(el("h1", {}, `Triggers in ${ns}`), box, newTriggerForm(ns, () => load()));
+  renderFor(signal, el("h1", {}, `Triggers in ${ns}`), box, newTriggerForm(ns, () => load()));
   await load();
   every(5000, () => load().catch(() => {}), signal);
 }
@@ -549,7 +556,7 @@ async function pageJobs(ns, signal) {
         el("td", {}, run));
     })) : emptyState("No jobs here yet.", "Create one with `sless job run`."));
   };
-  render(el("h1", {}, `Jobs in ${ns}`), box);
+  renderFor(signal, el("h1", {}, `Jobs in ${ns}`), box);
   await load();
   every(2000, () => load().catch(() => {}), signal);
 }
@@ -585,7 +592,7 @@ async function pageEvents(ns, signal) {
           } }, "Delete")))))
       : emptyState("No dead letters.", "Messages that exhaust their delivery policy land here."));
   };
-  render(el("h1", {}, `Async calls and dead letters in ${ns}`),
+  renderFor(signal, el("h1", {}, `Async calls and dead letters in ${ns}`),
     el("section", { class: "card" }, el("h2", { text: "Dead letters" }), dead),
     el("section", { class: "card" }, el("h2", { text: "Async calls" }), calls));
   await load();
@@ -623,7 +630,7 @@ async function pageSecrets(ns, signal) {
   el("p", { class: "muted", text: "Replaces the secret's keys with this one. Values are encrypted at rest and never displayed." }),
   el("div", { class: "row" }, el("label", { for: "secret-name" }, "Name", name), el("label", { for: "secret-key" }, "Key", key),
     el("label", { for: "secret-value" }, "Value", value), el("button", { type: "submit" }, "Set")), err);
-  render(el("h1", {}, `Secrets in ${ns}`), box, form);
+  renderFor(signal, el("h1", {}, `Secrets in ${ns}`), box, form);
   await load();
 }
 
@@ -744,7 +751,7 @@ async function pageDevices(ns, signal, created) {
   } },
   el("h2", { text: "New device" }),
   el("div", { class: "row" }, el("label", { for: "device-name" }, "Name", name), el("button", { type: "submit" }, "Create")), err);
-  render(el("h1", {}, `Devices in ${ns}`), box);
+  renderFor(signal, el("h1", {}, `Devices in ${ns}`), box);
   if (await load()) { main().append(form); every(3000, () => load().catch(() => {}), signal); }
 }
 
@@ -800,7 +807,7 @@ async function pageDevice(ns, name, signal) {
     try { await api("POST", nsPath(ns, "devices", name, "commands"), JSON.parse(command.value)); toast(`Command sent to ${d.mqtt.subscribe_topic}`); }
     catch (ex) { toast(ex instanceof SyntaxError ? "The command is not JSON" : ex.message); }
   } }, el("h2", { text: "Send a command" }), el("label", { for: "command-body" }, "JSON", command), el("button", { type: "submit" }, "Send"));
-  render(el("h1", {}, el("a", { href: `#/ns/${ns}/devices`, text: "Devices" }), " / ", name),
+  renderFor(signal, el("h1", {}, el("a", { href: `#/ns/${ns}/devices`, text: "Devices" }), " / ", name),
     once ? credentialsBox(once) : null, statusBox,
     el("section", { class: "card" }, el("h2", { text: "Telemetry" }), chart, telemetry),
     emulatorPanel(ns, d, shownCredentials[key] && shownCredentials[key].remembered),
@@ -857,7 +864,7 @@ async function route() {
     else if (parts[0] === "ns" && parts[1] && parts[2] === "devices" && parts[3]) await pageDevice(parts[1], parts[3], signal);
     else if (parts[0] === "ns" && parts[1] && parts[2] === "devices") await pageDevices(parts[1], signal);
     else if (parts[0] === "ns" && parts[1]) await pageFunctions(parts[1], signal);
-    else await pageNamespaces();
+    else await pageNamespaces(signal);
     main().focus({ preventScroll: true });
   } catch (ex) {
     if (ex.status === 401 || signal.aborted) return;

@@ -108,6 +108,10 @@ impl Exporter {
 /// Installs the Prometheus recorder for the process (once; later calls get the same
 /// exporter) and starts recording.
 pub fn install() -> Result<Exporter, MetricsError> {
+    // Servers built at once in one process (the in-process tests) install one after
+    // the other: between setting the recorder and keeping its handle, no other may look.
+    static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(handle) = EXPORTER.get() {
         return Ok(Exporter {
             handle: handle.clone(),
