@@ -227,17 +227,7 @@ async fn deploy(sqlite: &Server, other: &Server, plan: &Plan, figures: &mut Figu
     }
     for run in 1..=runs as u64 {
         for (i, server) in [sqlite, other].into_iter().enumerate() {
-            let source = code::deploy_py(run);
-            let archive = code::zip(&[("handler.py", &source)])?;
-            let start = Instant::now();
-            let uploaded = server
-                .client
-                .upload_code(NS, name, archive)
-                .await
-                .map_err(crate::error::api(format!("upload code to {name}")))?;
-            crate::measure::wait_ready(server, name, uploaded.revision, Duration::from_millis(5))
-                .await?;
-            samples[i].push(start.elapsed());
+            samples[i].push(crate::measure::deploy_once(server, name, run).await?);
         }
     }
     for server in [sqlite, other] {

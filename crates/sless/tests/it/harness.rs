@@ -203,6 +203,19 @@ impl Server {
             .unwrap_or_else(|e| panic!("{name} did not settle: {e}"))
     }
 
+    /// Waits (bounded) until the function runs no instance, so the next call is cold.
+    pub async fn wait_idle(&self, ns: &str, name: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let f = self.client.get_function(ns, name).await.unwrap();
+            if f.status.instances.ready == 0 && f.status.instances.starting == 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{name} never scaled to zero");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Polls the function (bounded) until its status has `phase`, and returns it.
     pub async fn wait_phase(&self, ns: &str, name: &str, phase: &str) -> Value {
         let deadline = Instant::now() + Duration::from_secs(120);

@@ -3,7 +3,6 @@
 //! `--metrics=false` turns it off.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -108,19 +107,6 @@ async fn scrape(server: &Server, token: Option<&str>) -> (u16, String, String) {
     (status, content_type, resp.text().await.expect("body"))
 }
 
-/// Waits (bounded) until the function runs no instance, so the next call is cold.
-async fn wait_idle(server: &Server, name: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let f = server.client.get_function("default", name).await.unwrap();
-        if f.status.instances.ready == 0 && f.status.instances.starting == 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{name} never scaled to zero");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test]
 async fn metrics_count_invocations_builds_instances_and_requests() {
     let server = Server::start().await;
@@ -133,7 +119,7 @@ async fn metrics_count_invocations_builds_instances_and_requests() {
         )
         .await;
     assert_eq!(f.status.phase, "Ready", "{}", f.status.message);
-    wait_idle(&server, "met").await;
+    server.wait_idle("default", "met").await;
 
     // A cold call, a warm one on a sub-path, a handler error, and /invoke.
     assert_eq!(server.get("met", "").await.0, 200);

@@ -47,19 +47,6 @@ fn request_ids(items: &[Value]) -> Vec<&str> {
         .collect()
 }
 
-/// Waits (bounded) until the function runs no instance, so the next call is cold.
-async fn wait_idle(server: &Server, name: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let f = server.client.get_function("default", name).await.unwrap();
-        if f.status.instances.ready == 0 && f.status.instances.starting == 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{name} never scaled to zero");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test]
 async fn invocations_are_recorded_listed_and_filtered() {
     let server = Server::start().await;
@@ -71,7 +58,7 @@ async fn invocations_are_recorded_listed_and_filtered() {
         )
         .await;
     assert_eq!(f.status.phase, "Ready", "{}", f.status.message);
-    wait_idle(&server, "rec").await;
+    server.wait_idle("default", "rec").await;
 
     let http = server.client.http();
     let fn_url = format!("{}/fn/default/rec", server.url());
